@@ -1,0 +1,58 @@
+# Two commands for a newcomer: `make demo` and `make test`.
+# Each sets up what it needs: a virtualenv in .venv with the package and its
+# extras, and the Debian packages prometheus, nginx-light and chromium (for the
+# browser test) when they are missing -- installed when we are root, otherwise
+# the exact apt-get line is printed and make exits 2.
+
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DEB_PKGS := prometheus nginx-light chromium
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test setup debs venv lint bench clean
+
+setup: debs venv
+
+debs:
+	@missing=""; \
+	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing="$$missing nginx-light"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = "0" ]; then \
+	    echo "migscale: installing Debian packages:$$missing"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null || exit 1; \
+	  else \
+	    echo "migscale: missing Debian packages:$$missing"; \
+	    echo "run:  sudo apt-get install -y$$missing"; \
+	    exit 2; \
+	  fi; \
+	fi
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
+	$(BIN)/pip install -q -e '.[dev,multinode]'
+	@touch $(STAMP)
+
+demo: setup
+	$(BIN)/migscale demo examples/models.yaml examples/cluster.yaml --results demo-results
+
+test: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+lint: venv
+	$(BIN)/ruff check autoscaler tests loadtests benchmarks
+	$(BIN)/lint-imports
+
+bench: setup
+	$(BIN)/python benchmarks/planner.py
+	$(BIN)/python benchmarks/metrics_api.py
+	$(BIN)/python benchmarks/policies.py
+
+clean:
+	rm -rf $(VENV) run demo-results test-artifacts

@@ -1,0 +1,217 @@
+"""Values that flow through one control tick: Observation in, Plan out.
+
+This module is the contract between the adapters (observe/, act/, sim/, api/)
+and the pure core (policy/, mig/). Everything is a frozen dataclass or an enum;
+nothing here does I/O. A missing measurement is ``None``, never 0 -- the
+policy treats None as "unknown" and follows the HPA's missing-data rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Mapping
+
+from autoscaler.mig.layout import Placement
+
+
+class Reason(str, Enum):
+    """Why the policy changed (or refused to change) something."""
+
+    # demand-driven
+    SCALE_UP_DEMAND = "scale_up_demand"
+    SCALE_DOWN_DEMAND = "scale_down_demand"
+    PANIC_SCALE_UP = "panic_scale_up"  # burst seen on the short window
+    MIN_REPLICAS = "min_replicas"
+    MAX_REPLICAS = "max_replicas"
+    HIGH_AVAILABILITY = "high_availability"
+    # holds
+    HOLD_WITHIN_TOLERANCE = "hold_within_tolerance"
+    HOLD_STABILIZATION = "hold_stabilization"
+    HOLD_MISSING_METRICS = "hold_missing_metrics"
+    HOLD_PANIC = "hold_panic"  # no scale-down while panicking
+    HOLD_CONVERGING = "hold_converging"  # earlier actions still in flight
+    RATE_LIMITED = "rate_limited"  # behavior policies capped the change
+    INVALID_METRIC = "invalid_metric"  # NaN/Inf/negative/huge value dropped
+    # placement
+    PROFILE_EFFICIENCY = "profile_efficiency"  # a better capacity-per-slice profile
+    CONSOLIDATE = "consolidate"  # free a whole GPU
+    REPARTITION = "repartition"  # the profile mix of a GPU must change
+    CHURN_BUDGET = "churn_budget"  # change deferred to a later tick
+    SHORTFALL = "shortfall"  # the cluster cannot meet demand
+    REPLACE_FAILED = "replace_failed"  # a crashed replica is replaced
+    KEEP = "keep"
+
+
+# ---------------------------------------------------------------- inventory
+
+
+class ReplicaState(str, Enum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """One physical (or emulated) GPU and how it is cut right now."""
+
+    id: str  # stable id, e.g. "node-a/0"
+    node: str
+    product: str  # key of autoscaler.mig.PRODUCTS
+    layout: tuple[Placement, ...] = ()
+    mig_enabled: bool = True
+    rdma: bool = False  # on an RDMA-capable node (multinode backend)
+    fabric: str | None = None  # RDMA fabric label; groups prefer one fabric
+    emulated: bool = True
+    reserved_by: str | None = None  # a multinode model holding the whole GPU
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One Triton replica pinned to one MIG instance (or a multinode group)."""
+
+    id: str
+    model: str
+    profile: str  # MIG profile name, or "whole" for multinode groups
+    gpu: str  # GpuState.id (the leader's GPU for a group)
+    start: int
+    state: ReplicaState = ReplicaState.STARTING
+    since_s: float | None = None  # when it entered ``state``
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    gpus: tuple[GpuState, ...] = ()
+    replicas: tuple[Replica, ...] = ()
+
+    def gpu(self, gpu_id: str) -> GpuState:
+        for g in self.gpus:
+            if g.id == gpu_id:
+                return g
+        raise KeyError(gpu_id)
+
+
+# ---------------------------------------------------------------- signals
+
+
+@dataclass(frozen=True)
+class ModelSignals:
+    """Per-model request signals, each a rate or average over the query window.
+
+    ``t_s`` is the sample time of the newest data point used. Any field may be
+    None when its series is absent, stale or invalid.
+    """
+
+    model: str
+    t_s: float | None
+    request_rate: float | None = None  # requests/s, success + failure
+    success_rate: float | None = None
+    failure_rate: float | None = None
+    avg_queue_ms: float | None = None
+    avg_compute_ms: float | None = None
+    queue_compute_ratio: float | None = None  # NVIDIA's reference HPA signal
+    p50_ms: float | None = None
+    p95_ms: float | None = None
+    p99_ms: float | None = None
+    latency_is_average: bool = False  # True: p*_ms hold the counter average, no summaries
+    pending: float | None = None  # queued requests (gauge)
+    avg_batch: float | None = None
+    ready_replicas: int | None = None  # replicas that reported this window
+
+
+@dataclass(frozen=True)
+class ReplicaSignals:
+    replica: str
+    model: str
+    t_s: float | None
+    busy_fraction: float | None = None  # rate(compute_infer_us) / 1e6
+    gr_engine_active: float | None = None  # DCGM_FI_PROF_GR_ENGINE_ACTIVE, 0..1
+
+
+@dataclass(frozen=True)
+class Observation:
+    t_s: float
+    cluster: ClusterState
+    models: Mapping[str, ModelSignals | None] = field(default_factory=dict)
+    replicas: Mapping[str, ReplicaSignals] = field(default_factory=dict)
+    source_ok: bool = True  # False when the metrics source could not be read at all
+    notes: tuple[str, ...] = ()  # e.g. invalid values dropped, with their reasons
+
+
+# ---------------------------------------------------------------- planner input
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the planner needs to know about one model (built from config)."""
+
+    name: str
+    capacity: Mapping[str, float]  # profile name -> req/s one replica sustains at the SLO
+    allowed_profiles: tuple[str, ...]  # usable profiles, best first is NOT implied
+    min_replicas: int = 1
+    max_replicas: int = 16
+    high_availability: bool = False  # >= 2 replicas on distinct GPUs
+    priority: int = 0  # higher wins when the cluster is short
+    memory_gb: float | None = None
+    backend: str = "mig"  # "mig" | "multinode"
+    nodes_per_group: int = 1
+    gpus_per_node: int = 1
+    group_capacity_rps: float | None = None  # multinode: req/s one group sustains
+    fabric: str | None = None
+
+
+# ---------------------------------------------------------------- plan
+
+
+class ActionKind(str, Enum):
+    CREATE = "create"  # start a replica on (gpu, profile, start)
+    WAIT_READY = "wait_ready"  # barrier: the created replica must be ready
+    DRAIN = "drain"  # stop routing to a replica, let it finish
+    DELETE = "delete"  # stop the drained replica
+    REPARTITION = "repartition"  # set a GPU's layout (its affected instances are empty)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    model: str
+    profile: str
+    gpu: str
+    start: int
+    replica: str | None = None  # existing replica kept in place; None = new
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: ActionKind
+    reason: Reason
+    gpu: str | None = None
+    model: str | None = None
+    profile: str | None = None
+    start: int | None = None
+    replica: str | None = None
+    layout: tuple[Placement, ...] | None = None  # REPARTITION: the target layout
+
+
+@dataclass(frozen=True)
+class Cost:
+    gpus_used: int = 0
+    slices_used: int = 0
+    instances_created: int = 0
+    instances_destroyed: int = 0
+    gpus_repartitioned: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    t_s: float
+    desired: Mapping[tuple[str, str], int]  # (model, profile) -> replicas
+    assignments: tuple[Assignment, ...]
+    layouts: Mapping[str, tuple[Placement, ...]]  # gpu id -> target layout
+    actions: tuple[Action, ...]
+    shortfall: Mapping[str, float]  # model -> req/s the cluster cannot serve
+    cost: Cost
+    reasons: Mapping[str, tuple[Reason, ...]]  # model -> why it changed / held
+    capacity_rps: Mapping[str, float] = field(default_factory=dict)  # model -> planned req/s
+    target_rps: Mapping[str, float] = field(default_factory=dict)  # model -> req/s asked of the planner
