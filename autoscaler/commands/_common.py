@@ -1,0 +1,79 @@
+"""Shared CLI plumbing: load the two config files or exit 2 with one line per problem.
+
+Every command that takes ``MODELS CLUSTER`` calls ``load_or_exit`` so bad
+input looks the same everywhere: each problem on its own stderr line,
+prefixed with the file it is in, exit status 2, never a traceback. The
+leading underscore keeps ``cli.py`` from registering this module as commands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import NoReturn
+
+import typer
+
+from autoscaler.config import (
+    ClusterConfig,
+    ConfigError,
+    ModelsConfig,
+    load_cluster,
+    load_models,
+    validate_pair,
+)
+
+EXIT_USAGE = 2  # bad input: config, arguments (the same status click uses for usage errors)
+
+
+def _prefixed(path: str | Path, problems: Iterable[str]) -> list[str]:
+    prefix = f"{path}: "
+    return [p if p.startswith(prefix) else prefix + p for p in problems]
+
+
+def fail(problems: Iterable[str], code: int = EXIT_USAGE) -> NoReturn:
+    """Print each problem on its own stderr line and exit ``code``."""
+    for line in problems:
+        typer.echo(line, err=True)
+    raise typer.Exit(code)
+
+
+def load_models_or_exit(path: str | Path) -> ModelsConfig:
+    try:
+        return load_models(path)
+    except ConfigError as exc:
+        fail(_prefixed(path, exc.problems))
+
+
+def load_cluster_or_exit(path: str | Path) -> ClusterConfig:
+    try:
+        return load_cluster(path)
+    except ConfigError as exc:
+        fail(_prefixed(path, exc.problems))
+
+
+def load_or_exit(
+    models_path: str | Path, cluster_path: str | Path, *, require_capacity: bool = True
+) -> tuple[ModelsConfig, ClusterConfig]:
+    """Both configs, validated alone and together; on any problem exit 2.
+
+    Problems in both files are reported in one go (a user fixing a typo in
+    cluster.yaml should not discover the one in models.yaml on the next run).
+    ``require_capacity=False`` is for ``migscale profile``, which produces the
+    capacity figures the other commands need.
+    """
+    problems: list[str] = []
+    models = cluster = None
+    try:
+        models = load_models(models_path)
+    except ConfigError as exc:
+        problems += _prefixed(models_path, exc.problems)
+    try:
+        cluster = load_cluster(cluster_path)
+    except ConfigError as exc:
+        problems += _prefixed(cluster_path, exc.problems)
+    if models is not None and cluster is not None:
+        problems += _prefixed(models_path, validate_pair(models, cluster, require_capacity=require_capacity))
+    if problems or models is None or cluster is None:
+        fail(problems)
+    return models, cluster
