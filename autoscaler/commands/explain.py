@@ -1,0 +1,166 @@
+"""``migscale explain``: the last decision of the control loop, with its reasons and inputs.
+
+Reads the decision log the loop appends to (``RUN_DIR/decisions.jsonl``, one
+JSON object per tick, written by ``autoscaler.loop``) and prints the newest
+decision -- the newest tick that decided rather than only observed, unless
+only gated ticks exist -- as rich tables: per model the demand windows,
+panic, correction, replicas now and wanted, the req/s asked of the planner,
+the reasons, and each HPA stage's outcome; then the actions issued.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from autoscaler.commands._common import fail
+
+LOG_NAME = "decisions.jsonl"
+
+
+def read_last_decision(path: Path) -> dict[str, Any] | None:
+    """The newest well-formed decision line (decided ticks preferred); None if none."""
+    last_any: dict[str, Any] | None = None
+    last_decided: dict[str, Any] | None = None
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a crash mid-write
+            if not isinstance(rec, dict) or "t_s" not in rec:
+                continue
+            last_any = rec
+            if not rec.get("gated"):
+                last_decided = rec
+    return last_decided or last_any
+
+
+def _num(v: Any, fmt: str = "{:.1f}") -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, (int, float)):
+        return fmt.format(v)
+    return str(v)
+
+
+def render(rec: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    head = f"decision at t={rec.get('t_s')}"
+    if not rec.get("source_ok", True):
+        head += "  [metrics source unreachable: every model held]"
+    if rec.get("gated"):
+        head += "  [gated: earlier actions still converging]"
+    console.print(head)
+    models = rec.get("models") or {}
+    reasons = rec.get("reasons") or {}
+    t = Table(title="per model")
+    for col in (
+        "model",
+        "observed rps",
+        "short rps",
+        "long rps",
+        "panic",
+        "correction",
+        "replicas",
+        "capacity rps",
+        "required rps",
+        "target rps",
+        "p99 / SLO ms",
+        "reasons",
+    ):
+        t.add_column(col)
+    for name in sorted(set(models) | set(reasons)):
+        d = models.get(name, {})
+        t.add_row(
+            name,
+            _num(d.get("observed_rps")),
+            _num(d.get("demand_short_rps")),
+            _num(d.get("demand_long_rps")),
+            _num(d.get("panicking")) if d else "—",
+            _num(d.get("correction"), "{:.3f}"),
+            f"{d.get('current_replicas', '—')} → {d.get('desired_replicas', '—')}" if d else "—",
+            _num(d.get("current_capacity_rps")),
+            _num(d.get("required_rps")),
+            _num((rec.get("target_rps") or {}).get(name, d.get("target_rps"))),
+            f"{_num(d.get('p99_ms'))} / {_num(d.get('slo_p99_ms'))}" if d else "—",
+            ", ".join(reasons.get(name, [])),
+        )
+    console.print(t)
+    stages = Table(title="HPA stages")
+    for col in ("model", "stage", "value", "reason"):
+        stages.add_column(col)
+    for name in sorted(models):
+        for st in models[name].get("stages", []):
+            stages.add_row(name, st.get("name", ""), _num(st.get("value")), st.get("reason", ""))
+    if stages.row_count:
+        console.print(stages)
+    actions = rec.get("actions") or []
+    if actions:
+        at = Table(title="actions")
+        for col in ("kind", "model", "replica", "gpu", "profile", "start", "reason"):
+            at.add_column(col)
+        for a in actions:
+            at.add_row(
+                *(
+                    str(a.get(k, ""))
+                    for k in ("kind", "model", "replica", "gpu", "profile", "start", "reason")
+                )
+            )
+        console.print(at)
+    else:
+        console.print("actions: none")
+    for e in rec.get("errors") or []:
+        console.print(f"error: {e}")
+    for n in rec.get("notes") or []:
+        console.print(f"note: {n}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("explain")
+    def explain(
+        run_dir: Annotated[Path, typer.Option("--run-dir", help="the controller's run directory")] = Path(
+            ".migscale"
+        ),
+        log: Annotated[
+            Path | None,
+            typer.Option("--log", help="a decision log to read instead of RUN_DIR/decisions.jsonl"),
+        ] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="print the decision as JSON")] = False,
+    ) -> None:
+        """Print the last autoscaling decision with its reasons and inputs.
+
+        Example: migscale explain --run-dir .migscale
+        """
+        path = log if log is not None else run_dir / LOG_NAME
+        field = "--log" if log is not None else "--run-dir"
+        if not path.is_file():
+            fail(
+                [
+                    (
+                        f"{field}: no decision log at {path}, got {str(log if log is not None else run_dir)!r} "
+                        "(start the controller with `migscale up` first)"
+                    )
+                ]
+            )
+        try:
+            rec = read_last_decision(path)
+        except OSError as exc:
+            fail([f"{field}: cannot read {path}: {exc}"])
+        if rec is None:
+            fail([f"{field}: {path} holds no decision yet"])
+        if as_json:
+            typer.echo(json.dumps(rec, indent=2, sort_keys=True))
+        else:
+            render(rec)

@@ -1,0 +1,305 @@
+"""``ScrapeSource``: the observe stage without Prometheus, scraping each Triton ``/metrics``.
+
+Used by the local cluster when no Prometheus binary is present. Each ``read``
+fetches every replica's exposition text (targets come from a callable,
+``{replica_id: (model, url)}``, so replicas started a second ago are
+included), parses it with ``prometheus_client``'s text parser, and keeps the
+last scrapes in memory to compute rates -- what Prometheus' ``rate()`` would.
+
+Counter resets (a replica restarted, its counters went back to ~0): the
+same rule as Prometheus' ``rate()``: when a counter is lower than in the
+previous scrape, the new value is the increase since the reset (it counted
+up from 0). A replica that served 1000 requests, restarted and served 40
+more adds 40, not -960.
+
+Latency: quantiles from ``nv_inference_request_summary_us`` when Triton runs
+with summaries; otherwise the mean request time from the counters, with
+``latency_is_average=True``. Values that are NaN, Inf, negative or absurd are
+dropped with an ``invalid_metric`` note, as in ``PrometheusSource``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from autoscaler.observe.prometheus import check_value
+from autoscaler.policy.types import ModelSignals, Reason, ReplicaSignals
+
+Targets = Callable[[], Mapping[str, tuple[str, str]]]
+Fetch = Callable[[str, float], str]
+
+COUNTERS = (
+    "nv_inference_request_success",
+    "nv_inference_request_failure",
+    "nv_inference_count",
+    "nv_inference_exec_count",
+    "nv_inference_request_duration_us",
+    "nv_inference_queue_duration_us",
+    "nv_inference_compute_input_duration_us",
+    "nv_inference_compute_infer_duration_us",
+    "nv_inference_compute_output_duration_us",
+)
+PENDING = "nv_inference_pending_request_count"
+SUMMARY = "nv_inference_request_summary_us"
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One parsed scrape of one replica, reduced to the series for its model."""
+
+    t_s: float
+    counters: Mapping[str, float]  # summed over labels other than model (failure reasons)
+    pending: float | None = None
+    quantiles: Mapping[float, float] = field(default_factory=dict)  # quantile -> microseconds
+
+
+class ParseError(ValueError):
+    pass
+
+
+def parse_exposition(text: str, model: str, t_s: float) -> Scrape:
+    """Parse Triton's ``/metrics`` text, keeping only ``model``'s series."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counters: dict[str, float] = {}
+    pending: float | None = None
+    quantiles: dict[float, float] = {}
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception as exc:  # the parser raises ValueError/IndexError on garbage
+        raise ParseError(f"unparseable exposition: {exc}") from exc
+    for fam in families:
+        for s in fam.samples:
+            if s.labels.get("model") != model:
+                continue
+            name = s.name.removesuffix("_total")
+            if name in COUNTERS:
+                counters[name] = counters.get(name, 0.0) + s.value
+            elif name == PENDING:
+                pending = (pending or 0.0) + s.value
+            elif name == SUMMARY and "quantile" in s.labels:
+                q = float(s.labels["quantile"])
+                if not math.isnan(s.value):  # an empty summary window exports NaN
+                    quantiles[q] = max(quantiles.get(q, 0.0), s.value)
+    return Scrape(t_s, counters, pending, quantiles)
+
+
+def counter_increase(samples: Sequence[float]) -> float:
+    """Increase over consecutive counter samples, reset-aware (Prometheus ``rate()`` rule).
+
+    [100, 150, 20, 60] -> 50 + 20 (reset: counted from 0) + 40 = 110.
+    """
+    total = 0.0
+    for prev, cur in itertools.pairwise(samples):
+        total += cur - prev if cur >= prev else cur
+    return total
+
+
+def _http_fetch(url: str, timeout_s: float) -> str:
+    import httpx
+
+    r = httpx.get(url, timeout=timeout_s)
+    r.raise_for_status()
+    return r.text
+
+
+class ScrapeSource:
+    """See the module docstring. ``fetch(url, timeout_s) -> text`` is injectable for tests."""
+
+    def __init__(
+        self,
+        targets: Targets,
+        window_s: float = 30.0,
+        long_window_s: float = 60.0,
+        metrics_stale_s: float = 60.0,
+        timeout_s: float = 2.0,
+        fetch: Fetch | None = None,
+    ) -> None:
+        self.targets = targets
+        self.window_s = window_s
+        self.long_window_s = max(long_window_s, window_s)
+        self.metrics_stale_s = metrics_stale_s
+        self.timeout_s = timeout_s
+        self.fetch = fetch or _http_fetch
+        self.history: dict[str, deque[Scrape]] = {}
+        self.models_of: dict[str, str] = {}
+        self.last_notes: tuple[str, ...] = ()
+
+    # ------------------------------------------------------------ scraping
+    def scrape(self, now_s: float, notes: list[str]) -> tuple[int, int]:
+        """Scrape every target once; returns (targets, failures)."""
+        targets = dict(self.targets())
+        failures = 0
+        for rid, (model, url) in targets.items():
+            try:
+                text = self.fetch(url, self.timeout_s)
+                sc = parse_exposition(text, model, now_s)
+            except Exception as exc:  # noqa: BLE001 - a failed scrape is a missing replica
+                failures += 1
+                notes.append(
+                    f"{Reason.HOLD_MISSING_METRICS.value}: {rid}: scrape of {url} failed: "
+                    f"{type(exc).__name__}: {exc}"
+                )
+                continue
+            h = self.history.setdefault(rid, deque())
+            h.append(sc)
+            self.models_of[rid] = model
+            # keep one scrape older than the long window, so the window is covered
+            while len(h) > 2 and h[1].t_s <= now_s - self.long_window_s:
+                h.popleft()
+        for rid in list(self.history):
+            if rid not in targets:  # a replica that is gone: forget its counters
+                del self.history[rid]
+                self.models_of.pop(rid, None)
+        return len(targets), failures
+
+    def _window(self, rid: str, now_s: float, window_s: float) -> list[Scrape]:
+        h = list(self.history.get(rid, ()))
+        if not h or now_s - h[-1].t_s > self.metrics_stale_s:
+            return []
+        inside = [s for s in h if s.t_s >= now_s - window_s]
+        older = [s for s in h if s.t_s < now_s - window_s]
+        if older:  # start from the last scrape before the window (covers the whole window)
+            inside = [older[-1]] + inside
+        return inside
+
+    def replica_rates(self, rid: str, now_s: float, window_s: float | None = None) -> dict[str, float] | None:
+        """Per-second increase of each counter over the window; None with < 2 scrapes."""
+        w = self._window(rid, now_s, window_s or self.window_s)
+        if len(w) < 2:
+            return None
+        dt = w[-1].t_s - w[0].t_s
+        if dt <= 0:
+            return None
+        out = {}
+        for name in COUNTERS:
+            series = [s.counters.get(name) for s in w]
+            if all(v is None for v in series):
+                continue
+            # Triton creates some counters lazily (a failure reason's first
+            # failure): a series absent before it appears was at 0.
+            first = next(i for i, v in enumerate(series) if v is not None)
+            known = [0.0] * first + [v for v in series[first:] if v is not None]
+            if len(known) >= 2:
+                out[name] = counter_increase(known) / dt
+        return out
+
+    # ------------------------------------------------------------ MetricsSource
+    def read(
+        self, models: Sequence[str], replicas: Sequence[str], now_s: float
+    ) -> tuple[Mapping[str, ModelSignals | None], Mapping[str, ReplicaSignals]]:
+        notes: list[str] = []
+        n_targets, failures = self.scrape(now_s, notes)
+        if n_targets and failures == n_targets:
+            self.last_notes = tuple(notes)
+            raise ConnectionError(f"every Triton /metrics scrape failed ({n_targets} targets)")
+        per_model: dict[str, list[tuple[str, dict[str, float], Scrape]]] = {}
+        rep_out: dict[str, ReplicaSignals] = {}
+        stale = self.metrics_stale_s
+        for rid, model in self.models_of.items():
+            rates = self.replica_rates(rid, now_s)
+            if rates is None:
+                continue
+            last = self.history[rid][-1]
+            per_model.setdefault(model, []).append((rid, rates, last))
+            busy, note = check_value(
+                "busy_fraction",
+                rates.get("nv_inference_compute_infer_duration_us", math.nan) / 1e6,
+                last.t_s,
+                now_s,
+                stale,
+            )
+            if note and "nv_inference_compute_infer_duration_us" in rates:
+                notes.append(f"{rid}: {note}")
+            rep_out[rid] = ReplicaSignals(replica=rid, model=model, t_s=last.t_s, busy_fraction=busy)
+        out: dict[str, ModelSignals | None] = {}
+        for m in models:
+            rows = per_model.get(m)
+            if not rows:
+                notes.append(
+                    f"{Reason.HOLD_MISSING_METRICS.value}: {m}: no replica with two scrapes in the window"
+                )
+                out[m] = None
+                continue
+            out[m] = self._model_signals(m, rows, now_s, notes)
+        self.last_notes = tuple(notes)
+        return out, {r: s for r, s in rep_out.items() if not replicas or r in set(replicas)}
+
+    def _model_signals(self, m, rows, now_s: float, notes: list[str]) -> ModelSignals:
+        t_s = max(last.t_s for _, _, last in rows)
+
+        def total(name: str) -> float | None:
+            vals = [r[name] for _, r, _ in rows if name in r]
+            return sum(vals) if vals else None
+
+        def ok(name: str, v: float | None) -> float | None:
+            if v is None:
+                return None
+            val, note = check_value(name, v, t_s, now_s, self.metrics_stale_s)
+            if note:
+                notes.append(f"{m}: {note}")
+            return val
+
+        succ = ok("success_rate", total("nv_inference_request_success"))
+        fail = ok("failure_rate", total("nv_inference_request_failure"))
+        rate = None if succ is None else succ + (fail or 0.0)  # failure series appear lazily
+
+        def per_request(name: str, signal: str) -> float | None:
+            num = total(name)
+            if num is None or succ is None:
+                return None
+            return ok(signal, num / succ / 1000.0) if succ > 0 else ok(signal, 0.0 if num == 0 else math.inf)
+
+        q_ms = per_request("nv_inference_queue_duration_us", "avg_queue_ms")
+        parts = [
+            total(n)
+            for n in (
+                "nv_inference_compute_input_duration_us",
+                "nv_inference_compute_infer_duration_us",
+                "nv_inference_compute_output_duration_us",
+            )
+        ]
+        c_ms = None
+        if succ is not None and all(p is not None for p in parts):
+            c_ms = ok("avg_compute_ms", sum(parts) / succ / 1000.0 if succ > 0 else 0.0)
+        qu, inf_ = total("nv_inference_queue_duration_us"), total("nv_inference_compute_infer_duration_us")
+        qcr = ok("queue_compute_ratio", qu / max(inf_, 1.0)) if qu is not None and inf_ is not None else None
+        cnt, ex = total("nv_inference_count"), total("nv_inference_exec_count")
+        batch = ok("avg_batch", cnt / ex) if cnt is not None and ex else None
+        quant: dict[float, float] = {}
+        for _, _, last in rows:
+            for q, v in last.quantiles.items():
+                quant[q] = max(quant.get(q, 0.0), v)
+        is_avg = False
+        p50, p95, p99 = (
+            ok(n, quant[q] / 1000.0) if q in quant else None
+            for n, q in (("p50_ms", 0.5), ("p95_ms", 0.95), ("p99_ms", 0.99))
+        )
+        if p99 is None:
+            avg = per_request("nv_inference_request_duration_us", "avg_request_ms")
+            if avg is not None:
+                p50 = p95 = p99 = avg
+                is_avg = True
+        pend_vals = [last.pending for _, _, last in rows if last.pending is not None]
+        pending = ok("pending", sum(pend_vals)) if pend_vals else None
+        return ModelSignals(
+            model=m,
+            t_s=t_s,
+            request_rate=rate,
+            success_rate=succ,
+            failure_rate=fail,
+            avg_queue_ms=q_ms,
+            avg_compute_ms=c_ms,
+            queue_compute_ratio=qcr,
+            p50_ms=p50,
+            p95_ms=p95,
+            p99_ms=p99,
+            latency_is_average=is_avg,
+            pending=pending,
+            avg_batch=batch,
+            ready_replicas=len(rows),
+        )

@@ -1,0 +1,197 @@
+"""Demand estimation, panic mode, capacity at the SLO and the correction factor (pure).
+
+First stage of ``decide``: turns each tick's observed request rate into the
+capacity (req/s) a model needs, before the HPA stages and the planner.
+
+- Demand history is kept per model as ``(t_s, rps)`` samples; the *short*
+  window (default 10 s) reacts to bursts, the *long* window (60 s) is the
+  stable estimate -- Knative's panic/stable windows.
+- Panic mode (Knative KPA, FACTS.md §7): enter when short-window demand is at
+  least ``panic_threshold`` (2.0) times current capacity; while panicking use
+  the short window and never lower the requirement; leave once the condition
+  has not held for a whole stable window.
+- Required capacity = demand x correction x (1 + headroom). With 100 req/s,
+  correction 1.0 and headroom 0.2 the planner is asked for 120 req/s.
+- The correction factor is learned online: when observed p99 exceeds the SLO
+  the capacity table was optimistic, so demand is inflated; when the model is
+  busy yet far inside its SLO it deflates. Bounded to [0.5, 2].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from autoscaler.policy.types import ModelSignals
+
+
+@dataclass(frozen=True)
+class DemandSample:
+    t_s: float
+    rps: float
+
+
+@dataclass(frozen=True)
+class PanicState:
+    panicking: bool = False
+    since_s: float | None = None  # when this panic began
+    last_trigger_s: float | None = None  # last tick the panic condition held
+    max_required_rps: float = 0.0  # panic never lowers the requirement
+
+
+@dataclass(frozen=True)
+class DemandEstimate:
+    short_rps: float | None
+    long_rps: float | None
+    used_rps: float | None  # what capacity is sized for (None: unknown)
+    panic: PanicState
+
+
+@dataclass(frozen=True)
+class CorrectionConfig:
+    alpha: float = 0.2  # EWMA weight of one observation (in log space)
+    lo: float = 0.5
+    hi: float = 2.0
+    # A sample only says the table is pessimistic when the model is busy:
+    # at 10% utilisation a fast p99 tells nothing about capacity.
+    min_utilization: float = 0.7
+    low_band: float = 0.5  # p99 below half the SLO while busy -> deflate
+    max_utilization_up: float = 1.0  # above it a slow p99 is overload, not a table error
+
+
+def observed_demand(signals: ModelSignals | None, backlog_drain_s: float) -> float | None:
+    """Arrival rate now: served rate plus the queued backlog drained over ``backlog_drain_s``.
+
+    The served rate saturates at capacity, so a queue of 200 requests with a
+    10 s drain adds 20 req/s -- otherwise a saturated model would only ever
+    ask for what it already has. A missing ``pending`` adds nothing (the
+    backlog term is a refinement); a missing request rate makes demand None.
+    """
+    if signals is None or signals.request_rate is None:
+        return None
+    extra = 0.0
+    if signals.pending is not None and backlog_drain_s > 0:
+        extra = signals.pending / backlog_drain_s
+    return signals.request_rate + extra
+
+
+def record_demand(
+    history: Iterable[DemandSample], sample: DemandSample, keep_s: float
+) -> tuple[DemandSample, ...]:
+    cutoff = sample.t_s - keep_s
+    return tuple(s for s in history if s.t_s > cutoff) + (sample,)
+
+
+def window_average(history: Iterable[DemandSample], now_s: float, window_s: float) -> float | None:
+    """Mean of the samples inside ``(now_s - window_s, now_s]``; None when there are none."""
+    vals = [s.rps for s in history if now_s - window_s < s.t_s <= now_s]
+    if not vals:
+        return None
+    return sum(vals) / len(vals)
+
+
+def update_panic(
+    panic: PanicState,
+    short_rps: float | None,
+    capacity_rps: float,
+    threshold: float,
+    stable_window_s: float,
+    now_s: float,
+) -> PanicState:
+    """Knative's panic transitions.
+
+    Capacity 50 req/s, threshold 2.0: a short-window demand of 100 req/s
+    starts (or extends) a panic. Without a trigger for ``stable_window_s``
+    the panic ends. Unknown demand neither starts nor ends one.
+    """
+    if short_rps is None:
+        return panic
+    over = short_rps > 0 and short_rps >= threshold * capacity_rps
+    if over:
+        return PanicState(
+            panicking=True,
+            since_s=panic.since_s if panic.panicking else now_s,
+            last_trigger_s=now_s,
+            max_required_rps=panic.max_required_rps if panic.panicking else 0.0,
+        )
+    if (
+        panic.panicking
+        and panic.last_trigger_s is not None
+        and now_s - panic.last_trigger_s >= stable_window_s
+    ):
+        return PanicState()
+    return panic
+
+
+def estimate(
+    history: Iterable[DemandSample],
+    panic: PanicState,
+    now_s: float,
+    short_window_s: float,
+    long_window_s: float,
+) -> DemandEstimate:
+    """Short and long window averages and the one to size for.
+
+    Stable: the long window (smooth, slow to drop). Panicking: the larger of
+    the two, so a burst is met within a short window.
+    """
+    hist = tuple(history)
+    short = window_average(hist, now_s, short_window_s)
+    long_ = window_average(hist, now_s, long_window_s)
+    if panic.panicking:
+        used = (
+            max(v for v in (short, long_) if v is not None)
+            if (short is not None or long_ is not None)
+            else None
+        )
+    else:
+        used = long_ if long_ is not None else short
+    return DemandEstimate(short, long_, used, panic)
+
+
+def required_capacity(demand_rps: float, correction: float, headroom: float) -> float:
+    """req/s to plan for: 100 req/s x 1.1 x 1.2 = 132 req/s."""
+    return max(0.0, demand_rps) * correction * (1.0 + headroom)
+
+
+def update_correction(
+    factor: float,
+    p99_ms: float | None,
+    slo_p99_ms: float | None,
+    utilization: float | None,
+    latency_is_average: bool,
+    cfg: CorrectionConfig = CorrectionConfig(),
+) -> tuple[float, bool]:
+    """One online step of the correction factor; returns (factor, learned?).
+
+    ``utilization`` is corrected demand / table capacity of what runs
+    (demand x factor / capacity). The sample is observed p99 / SLO: the
+    table promises p99 <= SLO up to full load, so
+
+    - over the SLO while utilization <= 1: the table is optimistic. p99 80 ms
+      vs SLO 50 ms gives 1.6 and, with alpha 0.2, factor 1.0 -> 1.6 ** 0.2 =
+      1.099. An average latency above the SLO counts too (the p99 is higher
+      still). Over the SLO while *over*loaded says nothing about the table --
+      that is plain under-provisioning, which demand already fixes; learning
+      from it would keep capacity inflated once the backlog is gone;
+    - under half the SLO while busy (utilization >= 0.7) and a real quantile:
+      the table is pessimistic and the factor shrinks;
+    - otherwise unchanged. The factor stays within [lo, hi].
+    """
+    if p99_ms is None or slo_p99_ms is None or slo_p99_ms <= 0 or not math.isfinite(p99_ms) or p99_ms <= 0:
+        return factor, False
+    r = p99_ms / slo_p99_ms
+    if r > 1.0 and utilization is not None and utilization <= cfg.max_utilization_up:
+        sample = min(r, cfg.hi)
+    elif (
+        r < cfg.low_band
+        and not latency_is_average
+        and utilization is not None
+        and utilization >= cfg.min_utilization
+    ):
+        sample = max(r / cfg.low_band, cfg.lo)
+    else:
+        return factor, False
+    new = math.exp((1 - cfg.alpha) * math.log(factor) + cfg.alpha * math.log(factor * sample))
+    return min(cfg.hi, max(cfg.lo, new)), True

@@ -1,0 +1,570 @@
+"""Planner step 3: multinode groups, churn budget, action order, the ``Plan`` value.
+
+Pure; used by ``planner.plan``. Also ``apply_plan_to_cluster``: the cluster a
+plan leaves behind (new replicas READY), used by tests, the simulator and the
+recording fakes.
+
+Action order (make-before-break), in waves until everything is emitted:
+REPARTITION of GPUs whose removed instances are empty by now -> CREATE ->
+WAIT_READY -> DRAIN + DELETE of replicas whose replacements are ready. A
+replacement's DELETE waits for every CREATE of its model; a REPARTITION waits
+for the DELETE of every replica on an instance it destroys; a CREATE on a new
+instance waits for its GPU's REPARTITION. A cycle (a model's new replica
+needs the space its own old replica still serves from) is deferred with
+``Reason.CHURN_BUDGET`` rather than dropping capacity.
+
+Multinode conventions: a group of ``nodes_per_group * gpus_per_node`` GPUs is
+one replica of the model; each member GPU carries a ``Replica`` / assignment
+with profile ``"whole"`` and start 0; member ids are ``"<group>-<i>"`` with
+group id ``"<model>-g<k>"`` (``group_of`` recovers it). A GPU is switched to
+whole-GPU mode by ``REPARTITION`` with ``profile="whole"`` and ``layout=()``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+from autoscaler.mig.layout import Placement, check_layout
+from autoscaler.policy.types import (
+    Action,
+    ActionKind,
+    Assignment,
+    ClusterState,
+    Cost,
+    ModelSpec,
+    Plan,
+    Reason,
+    Replica,
+    ReplicaState,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autoscaler.policy.packing import GpuWork
+
+WHOLE = "whole"
+HEALTHY = (ReplicaState.READY, ReplicaState.STARTING)
+# Deletes that replace capacity: they wait until the model's new replicas are ready.
+REPLACING = (Reason.PROFILE_EFFICIENCY, Reason.CONSOLIDATE, Reason.HIGH_AVAILABILITY)
+
+
+def group_of(replica_id: str) -> str:
+    """The group id of a multinode member replica (``"llm-g0-1"`` -> ``"llm-g0"``)."""
+    return replica_id.rsplit("-", 1)[0]
+
+
+# ---------------------------------------------------------------- multinode
+
+
+class Groups:
+    def __init__(self) -> None:
+        self.kept: dict[str, list[str]] = {}  # model -> group ids
+        self.new: list[tuple[str, str, list[str]]] = []  # (model, group id, member gpu ids)
+        self.reasons: dict[str, list[Reason]] = {}
+        self.target: dict[str, int] = {}  # model -> groups wanted
+        self.gcap: dict[str, float] = {}
+
+
+def plan_multinode(models: Sequence[ModelSpec], demand_rps: Mapping[str, float], cluster: ClusterState,
+                   gpus: list["GpuWork"], by_id: dict[str, "GpuWork"], removed: dict[str, Reason]) -> Groups:
+    out = Groups()
+    used_ids = {r.id for r in cluster.replicas}
+    for spec in sorted(models, key=lambda s: (-s.priority, s.name)):
+        why = out.reasons.setdefault(spec.name, [])
+        size = max(1, spec.nodes_per_group) * max(1, spec.gpus_per_node)
+        gcap = float(spec.group_capacity_rps or 0.0)
+        out.gcap[spec.name] = gcap
+        members: dict[str, list[Replica]] = {}
+        for r in cluster.replicas:
+            if r.model == spec.name:
+                members.setdefault(group_of(r.id), []).append(r)
+        healthy: list[str] = []
+        for gid, reps in sorted(members.items()):
+            ok = len(reps) == size and all(r.state in HEALTHY and r.gpu in by_id for r in reps)
+            if ok:
+                healthy.append(gid)
+            else:
+                for r in reps:
+                    removed[r.id] = Reason.REPLACE_FAILED
+                why.append(Reason.REPLACE_FAILED)
+        d = demand_rps.get(spec.name)
+        floor = min(max(spec.min_replicas, 2 if spec.high_availability else 0), spec.max_replicas)
+        if d is None:
+            want = max(len(healthy), floor)
+            why.append(Reason.HOLD_MISSING_METRICS)
+        elif gcap <= 0:
+            want = floor
+        else:
+            want = max(floor, math.ceil(max(0.0, float(d)) / gcap - 1e-9))
+        if want > spec.max_replicas:
+            want = spec.max_replicas
+            why.append(Reason.MAX_REPLICAS)
+        out.target[spec.name] = want
+        # READY groups first, then ids: scale-down removes the newest.
+        healthy.sort(key=lambda gid: (not all(r.state is ReplicaState.READY for r in members[gid]), gid))
+        keep, drop = healthy[:want], healthy[want:]
+        for gid in drop:
+            for r in members[gid]:
+                removed[r.id] = Reason.SCALE_DOWN_DEMAND
+            why.append(Reason.SCALE_DOWN_DEMAND)
+        out.kept[spec.name] = keep
+        for gid in keep:
+            for r in members[gid]:
+                w = by_id[r.gpu]
+                w.whole = spec.name
+                w.hard = {}
+                w.soft = set()
+        for gid, reps in members.items():
+            if gid in keep:
+                continue
+            for r in reps:
+                w = by_id.get(r.gpu)
+                if w is not None and w.whole is None:
+                    # Still serving until deleted: nothing new may use it yet.
+                    w.blocked[0] = Placement(0, w.product.full.name)
+        k = 0
+        for _ in range(want - len(keep)):
+            chosen = _pick_group(spec, gpus)
+            if chosen is None:
+                why.append(Reason.SHORTFALL)
+                break
+            while f"{spec.name}-g{k}-0" in used_ids or any(f"{spec.name}-g{k}" == g for g in members):
+                k += 1
+            gid = f"{spec.name}-g{k}"
+            k += 1
+            for w in chosen:
+                w.whole = spec.name
+                w.soft = set()
+            out.new.append((spec.name, gid, [w.id for w in chosen]))
+            if Reason.SCALE_UP_DEMAND not in why:
+                why.append(Reason.SCALE_UP_DEMAND)
+    return out
+
+
+def _pick_group(spec: ModelSpec, gpus: list["GpuWork"]) -> list["GpuWork"] | None:
+    """nodes_per_group distinct nodes x gpus_per_node free RDMA GPUs, one fabric if possible."""
+    free = [w for w in gpus if w.rdma and not w.hard and not w.blocked and w.whole is None]
+    npg, gpn = max(1, spec.nodes_per_group), max(1, spec.gpus_per_node)
+    fabrics: dict[str | None, int] = {}
+    for w in free:
+        fabrics[w.fabric] = fabrics.get(w.fabric, 0) + 1
+    order = sorted(fabrics, key=lambda f: (f != spec.fabric, -fabrics[f], str(f)))
+    for fab in [*order, "*any*"]:
+        pool = [w for w in free if fab == "*any*" or w.fabric == fab]
+        by_node: dict[str, list["GpuWork"]] = {}
+        for w in pool:
+            by_node.setdefault(w.node, []).append(w)
+        # Fullest-fit nodes first keeps whole nodes free for bigger groups.
+        nodes = sorted((n for n, ws in by_node.items() if len(ws) >= gpn), key=lambda n: (len(by_node[n]), n))
+        if len(nodes) >= npg:
+            return [w for n in nodes[:npg] for w in sorted(by_node[n], key=lambda w: w.order)[:gpn]]
+    return None
+
+
+# ---------------------------------------------------------------- finishing the plan
+
+
+class _Create:
+    __slots__ = ("model", "profile", "gpu", "start", "reason", "tier2", "group", "rid", "order")
+
+    def __init__(self, model: str, profile: str, gpu: str, start: int, reason: Reason, tier2: bool,
+                 group: str | None, order: int) -> None:
+        self.model, self.profile, self.gpu, self.start = model, profile, gpu, start
+        self.reason, self.tier2, self.group, self.order = reason, tier2, group, order
+        self.rid: str | None = None
+
+
+def finish(*, now_s: float, cluster: ClusterState, gpus: list["GpuWork"], work: dict, groups: Groups,
+           removed: dict[str, Reason], placed_tier2: set, moved: set, churn_budget: int | None,
+           demand_rps: Mapping[str, float], specs: Mapping[str, ModelSpec]) -> Plan:
+    by_id = {g.id: g for g in gpus}
+    replicas = {r.id: r for r in cluster.replicas}
+    # ---- the full target
+    creates: list[_Create] = []
+    for g in gpus:
+        for s, (model, prof, rid) in sorted(g.hard.items()):
+            if rid is None:
+                reason = Reason.CONSOLIDATE if (g.id, s) in moved else work[model].create_reason
+                if (g.id, s) in moved and work[model].spec.high_availability and Reason.HIGH_AVAILABILITY in work[model].reasons:
+                    reason = Reason.HIGH_AVAILABILITY
+                creates.append(_Create(model, prof, g.id, s, reason, (g.id, s) in placed_tier2, None, len(creates)))
+    for model, gid, members in groups.new:
+        for i, gpu in enumerate(members):
+            c = _Create(model, WHOLE, gpu, 0, Reason.SCALE_UP_DEMAND, False, gid, len(creates))
+            c.rid = f"{gid}-{i}"
+            creates.append(c)
+    full_cap: dict[str, float] = {}
+    desired: dict[tuple[str, str], int] = {}
+    for g in gpus:
+        for model, prof, _rid in g.hard.values():
+            desired[(model, prof)] = desired.get((model, prof), 0) + 1
+            full_cap[model] = full_cap.get(model, 0.0) + work[model].cap.get(prof, 0.0)
+    for model, gids in groups.kept.items():
+        n = len(gids) + sum(1 for m, _, _ in groups.new if m == model)
+        if n:
+            desired[(model, WHOLE)] = n
+        full_cap[model] = full_cap.get(model, 0.0) + n * groups.gcap[model]
+
+    # ---- churn budget
+    removed = {rid: why for rid, why in removed.items() if rid in replicas}
+    sel_c, sel_d, deferred_models = _select(creates, removed, replicas, by_id, churn_budget, work, demand_rps, full_cap)
+    reasons: dict[str, list[Reason]] = {n: list(m.reasons) for n, m in work.items()}
+    for n, rs in groups.reasons.items():
+        reasons[n] = list(rs)
+    while True:
+        _apply_selection(gpus, by_id, creates, sel_c, removed, sel_d, replicas, groups)
+        actions, stuck = _order(gpus, by_id, creates, sel_c, removed, sel_d, replicas, cluster)
+        if not stuck:
+            break
+        for c in stuck[0]:
+            sel_c.discard(c.order)
+            deferred_models.add(c.model)
+        for rid in stuck[1]:
+            sel_d.discard(rid)
+            deferred_models.add(replicas[rid].model)
+    for n in deferred_models:
+        reasons.setdefault(n, [])
+        if Reason.CHURN_BUDGET not in reasons[n]:
+            reasons[n].append(Reason.CHURN_BUDGET)
+
+    # ---- ids, assignments, layouts
+    taken = {r.id for r in cluster.replicas}
+    counters: dict[str, int] = {}
+    for c in creates:
+        if c.order in sel_c and c.rid is None:
+            k = counters.get(c.model, 0)
+            while f"{c.model}-{k}" in taken:
+                k += 1
+            c.rid = f"{c.model}-{k}"
+            taken.add(c.rid)
+            counters[c.model] = k + 1
+    actions = _finalize_actions(actions, creates)
+    assignments: list[Assignment] = []
+    final_cap: dict[str, float] = {}
+    for g in gpus:
+        for s, (model, prof, rid) in sorted(g.hard.items()):
+            assignments.append(Assignment(model, prof, g.id, s, rid))
+            spec = specs.get(model)
+            cap = float(spec.capacity.get(prof, 0.0)) if spec else 0.0
+            final_cap[model] = final_cap.get(model, 0.0) + cap
+    kept_whole = [r for r in cluster.replicas if r.profile == WHOLE and r.id not in sel_d and r.id in replicas
+                  and specs.get(r.model) is not None and r.state in HEALTHY]
+    for r in kept_whole:
+        assignments.append(Assignment(r.model, WHOLE, r.gpu, 0, r.id))
+    for c in creates:
+        if c.group is not None and c.order in sel_c:
+            assignments.append(Assignment(c.model, WHOLE, c.gpu, 0, None))
+    seen_groups: set[str] = set()
+    for a in assignments:
+        if a.profile == WHOLE:
+            gid = group_of(a.replica) if a.replica else next(
+                c.group for c in creates if c.gpu == a.gpu and c.group is not None)
+            if gid not in seen_groups:
+                seen_groups.add(gid)
+                final_cap[a.model] = final_cap.get(a.model, 0.0) + groups.gcap.get(a.model, 0.0)
+    layouts = {g.id: _final_layout(g) for g in gpus}
+    for a in assignments:
+        if a.profile == WHOLE:
+            layouts[a.gpu] = ()
+
+    # ---- shortfall, reasons, cost
+    shortfall: dict[str, float] = {}
+    target: dict[str, float] = {}
+    for name, spec in specs.items():
+        d = demand_rps.get(name)
+        if d is None:
+            m = work.get(name)
+            d = m.demand if m is not None and m.demand is not None else full_cap.get(name, 0.0)
+        d = max(0.0, float(d))
+        target[name] = d
+        gap = d - full_cap.get(name, 0.0)
+        if gap > 1e-9:
+            shortfall[name] = gap
+            reasons.setdefault(name, [])
+            if Reason.SHORTFALL not in reasons[name]:
+                reasons[name].append(Reason.SHORTFALL)
+    for name in specs:
+        rs = reasons.setdefault(name, [])
+        if not rs:
+            rs.append(Reason.KEEP)
+    used = {a.gpu for a in assignments}
+    slices = 0
+    for a in assignments:
+        g = by_id[a.gpu]
+        slices += g.product.compute_slices if a.profile == WHOLE else g.product.profiles[a.profile].compute
+    created = destroyed = 0
+    for act in actions:
+        if act.kind is ActionKind.REPARTITION:
+            g = by_id[act.gpu]
+            before, after = set(g.current), set(act.layout or ())
+            created += len(after - before)
+            destroyed += len(before - after)
+    cost = Cost(
+        gpus_used=len(used),
+        slices_used=slices,
+        instances_created=created,
+        instances_destroyed=destroyed,
+        gpus_repartitioned=sum(1 for a in actions if a.kind is ActionKind.REPARTITION),
+    )
+    return Plan(
+        t_s=now_s,
+        desired=dict(sorted(desired.items())),
+        assignments=tuple(assignments),
+        layouts=layouts,
+        actions=tuple(actions),
+        shortfall=shortfall,
+        cost=cost,
+        reasons={n: tuple(rs) for n, rs in sorted(reasons.items())},
+        capacity_rps={n: final_cap.get(n, 0.0) for n in specs},
+        target_rps=target,
+    )
+
+
+def _select(creates: list[_Create], removed: dict[str, Reason], replicas: dict[str, Replica],
+            by_id: dict[str, "GpuWork"], budget: int | None, work: dict, demand_rps: Mapping[str, float],
+            full_cap: dict[str, float]) -> tuple[set[int], set[str], set[str]]:
+    """Which creates / deletes happen this tick (all of them without a budget)."""
+    if budget is None:
+        return {c.order for c in creates}, set(removed), set()
+    by_model_c: dict[str, list[_Create]] = {}
+    for c in creates:
+        by_model_c.setdefault(c.model, []).append(c)
+    on_gpu: dict[str, list[str]] = {}
+    for rid in removed:
+        on_gpu.setdefault(replicas[rid].gpu, []).append(rid)
+    sel_c: set[int] = set()
+    sel_d: set[str] = set()
+    left = max(0, budget)
+
+    def needs(rid: str) -> bool:  # a replacement delete waits for all its model's creates
+        return removed[rid] in REPLACING and any(c.order not in sel_c for c in by_model_c.get(replicas[rid].model, []))
+
+    def take_create(unit: list[_Create]) -> None:
+        nonlocal left
+        deps: set[str] = set()
+        for c in unit:
+            if c.tier2:
+                deps |= {d for d in on_gpu.get(c.gpu, []) if d not in sel_d}
+            else:
+                deps |= {d for d in on_gpu.get(c.gpu, []) if d not in sel_d and _overlap(by_id[c.gpu], c, replicas[d])}
+        if any(removed[d] in REPLACING and replicas[d].model not in {c.model for c in unit} for d in deps):
+            return
+        cost = len(unit) + len(deps)
+        if cost > left:
+            return
+        left -= cost
+        sel_c.update(c.order for c in unit)
+        sel_d.update(deps)
+
+    def take_delete(rid: str) -> None:
+        nonlocal left
+        if rid in sel_d or left < 1 or needs(rid):
+            return
+        group = [rid]
+        if replicas[rid].profile == WHOLE:
+            group = [r for r in removed if group_of(r) == group_of(rid) and replicas[r].model == replicas[rid].model]
+        if len(group) > left:
+            return
+        left -= len(group)
+        sel_d.update(group)
+
+    def units(cs: list[_Create]) -> list[list[_Create]]:
+        out: dict[str, list[_Create]] = {}
+        for c in cs:
+            out.setdefault(c.group or f"#{c.order}", []).append(c)
+        return list(out.values())
+
+    prio = {n: m.spec.priority for n, m in work.items()}
+    growth = [c for c in creates if c.reason not in REPLACING]
+    growth.sort(key=lambda c: (-prio.get(c.model, 0), c.reason is Reason.PROFILE_EFFICIENCY, c.order))
+    for u in units(growth):
+        take_create(u)
+    for rid in sorted(removed, key=lambda r: (removed[r] in REPLACING, r)):
+        if removed[rid] not in REPLACING:
+            take_delete(rid)
+    rest = [c for c in creates if c.reason in REPLACING]
+    for u in units(rest):
+        take_create(u)
+        for rid in sorted(removed):
+            if removed[rid] in REPLACING and replicas[rid].model == u[0].model:
+                take_delete(rid)
+    for rid in sorted(removed):
+        take_delete(rid)
+    deferred = {c.model for c in creates if c.order not in sel_c}
+    deferred |= {replicas[r].model for r in removed if r not in sel_d}
+    return sel_c, sel_d, deferred
+
+
+def _overlap(g: "GpuWork", c: _Create, r: Replica) -> bool:
+    if c.group is not None or r.profile == WHOLE:
+        return True
+    pc, pr = g.product.profiles[c.profile], g.product.profiles.get(r.profile)
+    if pr is None:
+        return True
+    return c.start < r.start + pr.mem_slots and r.start < c.start + pc.mem_slots
+
+
+def _apply_selection(gpus: list["GpuWork"], by_id: dict[str, "GpuWork"], creates: list[_Create], sel_c: set[int],
+                     removed: dict[str, Reason], sel_d: set[str], replicas: dict[str, Replica], groups: Groups) -> None:
+    """Drop deferred creates from the target; put deferred deletes back in it."""
+    for c in creates:
+        g = by_id[c.gpu]
+        if c.order in sel_c:
+            continue
+        if c.group is None:
+            if g.hard.get(c.start, (None, None, "x"))[2] is None and g.hard.get(c.start, ("",))[0] == c.model:
+                del g.hard[c.start]
+        elif g.whole == c.model and not any(r.gpu == g.id and r.profile == WHOLE and r.model == c.model
+                                            and r.id not in removed for r in replicas.values()):
+            g.whole = None
+    for rid in removed:
+        r = replicas[rid]
+        g = by_id.get(r.gpu)
+        if g is None or r.profile == WHOLE:
+            continue
+        if rid not in sel_d and r.state in HEALTHY and r.profile in g.product.profiles:
+            g.hard[r.start] = (r.model, r.profile, rid)
+            g.blocked.pop(r.start, None)
+
+
+def _final_layout(g: "GpuWork") -> tuple[Placement, ...]:
+    """Occupied instances, plus every current instance that still fits beside them."""
+    if g.whole is not None:
+        return ()
+    layout = [Placement(s, v[1]) for s, v in g.hard.items()]
+    for p in sorted(g.current, key=lambda p: (-g.product.profiles[p.profile].compute, p.start)):
+        if p in layout:
+            continue
+        if not check_layout(g.product, layout + [p]):
+            layout.append(p)
+    return tuple(sorted(layout))
+
+
+def _order(gpus: list["GpuWork"], by_id: dict[str, "GpuWork"], creates: list[_Create], sel_c: set[int],
+           removed: dict[str, Reason], sel_d: set[str], replicas: dict[str, Replica], cluster: ClusterState
+           ) -> tuple[list[Action], tuple[list[_Create], list[str]] | None]:
+    mig_on = {g.id: g.mig_enabled for g in cluster.gpus}
+    # REPARTITION per GPU whose layout or mode changes.
+    repart: dict[str, Action] = {}
+    rep_deps: dict[str, set[str]] = {}
+    for g in gpus:
+        final = _final_layout(g)
+        whole = g.whole is not None
+        was_whole = not mig_on.get(g.id, True)
+        if whole == was_whole and (whole or final == g.current):
+            continue
+        if was_whole and not whole and not final:
+            continue  # a freed whole GPU stays as it is until something needs MIG on it
+        if whole:
+            act = Action(ActionKind.REPARTITION, Reason.REPARTITION, gpu=g.id, model=g.whole, profile=WHOLE, layout=())
+        else:
+            act = Action(ActionKind.REPARTITION, Reason.REPARTITION, gpu=g.id, layout=final)
+        repart[g.id] = act
+        fs = set(final)
+        rep_deps[g.id] = {
+            rid for rid in sel_d
+            if replicas[rid].gpu == g.id
+            and (whole or was_whole or Placement(replicas[rid].start, replicas[rid].profile) not in fs
+                 or replicas[rid].state not in HEALTHY)
+        }
+    c_deps: dict[int, set[str]] = {}
+    c_rep: dict[int, str | None] = {}
+    for c in creates:
+        if c.order not in sel_c:
+            continue
+        g = by_id[c.gpu]
+        pl = Placement(c.start, c.profile)
+        if c.gpu in repart and (c.group is not None or pl not in g.current or not mig_on.get(c.gpu, True)):
+            c_rep[c.order] = c.gpu
+            c_deps[c.order] = set()
+        else:
+            c_rep[c.order] = None
+            c_deps[c.order] = {rid for rid in sel_d if replicas[rid].gpu == c.gpu and _overlap(g, c, replicas[rid])}
+    by_model_c: dict[str, list[int]] = {}
+    for c in creates:
+        if c.order in sel_c:
+            by_model_c.setdefault(c.model, []).append(c.order)
+    d_deps: dict[str, set[int]] = {}
+    for rid in sel_d:
+        r = replicas[rid]
+        d_deps[rid] = set(by_model_c.get(r.model, [])) if removed[rid] in REPLACING and r.state in HEALTHY else set()
+    done_c: set[int] = set()
+    done_d: set[str] = set()
+    done_r: set[str] = set()
+    actions: list[Action] = []
+    cs = {c.order: c for c in creates}
+    while True:
+        progress = False
+        for gid in sorted(repart):
+            if gid not in done_r and rep_deps[gid] <= done_d:
+                actions.append(repart[gid])
+                done_r.add(gid)
+                progress = True
+        wave = [o for o in sorted(c_deps) if o not in done_c and c_deps[o] <= done_d
+                and (c_rep[o] is None or c_rep[o] in done_r)]
+        for o in wave:
+            c = cs[o]
+            actions.append(Action(ActionKind.CREATE, c.reason, gpu=c.gpu, model=c.model, profile=c.profile,
+                                  start=c.start, replica=str(o)))
+        for o in wave:
+            c = cs[o]
+            actions.append(Action(ActionKind.WAIT_READY, c.reason, gpu=c.gpu, model=c.model, profile=c.profile,
+                                  start=c.start, replica=str(o)))
+            done_c.add(o)
+            progress = progress or True
+        dw = [rid for rid in sorted(d_deps) if rid not in done_d and d_deps[rid] <= done_c]
+        for rid in dw:
+            r = replicas[rid]
+            if r.state in HEALTHY:
+                actions.append(Action(ActionKind.DRAIN, removed[rid], gpu=r.gpu, model=r.model, profile=r.profile,
+                                      start=r.start, replica=rid))
+        for rid in dw:
+            r = replicas[rid]
+            actions.append(Action(ActionKind.DELETE, removed[rid], gpu=r.gpu, model=r.model, profile=r.profile,
+                                  start=r.start, replica=rid))
+            done_d.add(rid)
+            progress = True
+        if len(done_c) == len(c_deps) and len(done_d) == len(d_deps) and len(done_r) == len(repart):
+            return actions, None
+        if not progress:
+            stuck_c = [cs[o] for o in c_deps if o not in done_c]
+            stuck_d = [rid for rid in d_deps if rid not in done_d]
+            return actions, (stuck_c, stuck_d)
+
+
+def _finalize_actions(actions: list[Action], creates: list[_Create]) -> list[Action]:
+    """Replace the provisional create keys with the new replica ids."""
+    cs = {str(c.order): c for c in creates}
+    out = []
+    for a in actions:
+        if a.kind in (ActionKind.CREATE, ActionKind.WAIT_READY) and a.replica in cs:
+            a = replace(a, replica=cs[a.replica].rid)
+        out.append(a)
+    return out
+
+
+# ---------------------------------------------------------------- simulation
+
+
+def apply_plan_to_cluster(cluster: ClusterState, plan: Plan) -> ClusterState:
+    """The cluster after ``plan``'s actions all succeeded (new replicas READY)."""
+    gone = {a.replica for a in plan.actions if a.kind is ActionKind.DELETE}
+    reps = [r for r in cluster.replicas if r.id not in gone]
+    for a in plan.actions:
+        if a.kind is ActionKind.CREATE:
+            reps.append(Replica(a.replica or "", a.model or "", a.profile or "", a.gpu or "", a.start or 0,
+                                ReplicaState.READY, plan.t_s))
+    gpus = []
+    parts = {a.gpu: a for a in plan.actions if a.kind is ActionKind.REPARTITION}
+    for g in cluster.gpus:
+        a = parts.get(g.id)
+        if a is not None:
+            if a.profile == WHOLE:
+                g = replace(g, layout=(), mig_enabled=False, reserved_by=a.model)
+            else:
+                g = replace(g, layout=tuple(a.layout or ()), mig_enabled=True, reserved_by=None)
+        if not g.mig_enabled and g.reserved_by is not None and not any(r.gpu == g.id for r in reps):
+            g = replace(g, reserved_by=None)
+        gpus.append(g)
+    return ClusterState(gpus=tuple(gpus), replicas=tuple(reps))

@@ -1,0 +1,276 @@
+"""Planner step 1: how many replicas of which MIG profile each model needs.
+
+Pure math used by ``planner.plan`` before anything is placed. A profile is
+usable for a model when it is allowed, has a positive entry in the model's
+capacity table (a profile whose batch-1 latency already breaks the SLO is left
+out of that table, so it is unusable) and is big enough for the model's memory.
+
+``cover`` finds the profile mix with the fewest compute slices whose capacity
+meets the demand -- "choose by efficiency (capacity per slice)" made exact.
+Why exact and still cheap: let ``b`` be the most efficient profile. Any
+``compute(b)`` copies of another profile ``p`` can be swapped for
+``compute(p)`` copies of ``b``: same slices, at least as much capacity. So an
+optimal mix holds fewer than ``compute(b)`` replicas of every other profile,
+and the other profiles together use at most ``6 * (1+2+3+4) = 60`` slices.
+A tiny knapsack over those 60 slices plus "fill the rest with ``b``" is exact.
+Worked number (ResNet-50 on A100-80GB, FACTS.md §2): 1g=127, 2g=171, 7g=192
+req/s. Efficiency 127 > 85.5 > 27 per slice, so 400 req/s -> 4 x 1g (4
+slices, 508 req/s) rather than one 7g (7 slices, 192 req/s is not even enough).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import combinations_with_replacement
+from typing import Iterable, Mapping
+
+from autoscaler.mig.products import Product
+from autoscaler.policy.types import ModelSpec
+
+# Demand is met when capacity >= demand - EPS (floating-point slack, req/s).
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class ProfileOption:
+    """One usable profile for one model: its name, req/s per replica and compute slices."""
+
+    name: str
+    cap: float
+    compute: int
+    mem_slots: int
+
+    @property
+    def efficiency(self) -> float:
+        return self.cap / self.compute
+
+
+def usable_profiles(spec: ModelSpec, products: Iterable[Product]) -> list[ProfileOption]:
+    """The model's usable profiles that exist on at least one of ``products``.
+
+    Sorted by efficiency (best first), then by capacity, then by name so the
+    order (and everything planned from it) is deterministic.
+    """
+    allowed = set(spec.allowed_profiles)
+    seen: dict[str, ProfileOption] = {}
+    for product in products:
+        for name, prof in product.profiles.items():
+            if name in seen or name not in allowed:
+                continue
+            cap = float(spec.capacity.get(name, 0.0) or 0.0)
+            if not cap > 0 or math.isinf(cap):
+                continue
+            if spec.memory_gb is not None and prof.memory_gb + EPS < spec.memory_gb:
+                continue
+            seen[name] = ProfileOption(name, cap, prof.compute, prof.mem_slots)
+    return sorted(seen.values(), key=lambda o: (-o.efficiency, -o.cap, o.name))
+
+
+def required_min(spec: ModelSpec) -> int:
+    """Replica floor: min_replicas, and 2 when the model asks for high availability."""
+    floor = max(0, spec.min_replicas)
+    if spec.high_availability:
+        floor = max(floor, 2)
+    return min(floor, max(spec.max_replicas, 0))
+
+
+@lru_cache(maxsize=4096)
+def _others_table(others: tuple[tuple[float, int], ...], limit: int) -> tuple[tuple[float, int, tuple[int, ...]], ...]:
+    """For every slice total s, the best (capacity, -replicas) using ``others``.
+
+    Each other profile is used fewer than ``limit`` times (the exchange bound).
+    Returns a tuple indexed by s of (cap, replicas, counts) or (-1, 0, ()) when
+    s slices cannot be spent exactly.
+    """
+    max_s = sum((limit - 1) * c for _, c in others)
+    # table[s] = (cap, replicas, counts)
+    table: list[tuple[float, int, tuple[int, ...]] | None] = [None] * (max_s + 1)
+    table[0] = (0.0, 0, tuple(0 for _ in others))
+    for i, (cap, comp) in enumerate(others):
+        new = list(table)
+        for s, entry in enumerate(table):
+            if entry is None:
+                continue
+            for k in range(1, limit):
+                s2 = s + k * comp
+                if s2 > max_s:
+                    break
+                counts = list(entry[2])
+                counts[i] += k
+                cand = (entry[0] + k * cap, entry[1] + k, tuple(counts))
+                cur = new[s2]
+                if cur is None or (cand[0], -cand[1]) > (cur[0], -cur[1]):
+                    new[s2] = cand
+        table = new
+    return tuple(t if t is not None else (-1.0, 0, ()) for t in table)
+
+
+def cover(demand: float, options: list[ProfileOption], floor: int = 0, ceiling: int | None = None) -> dict[str, int]:
+    """Fewest-slices mix of ``options`` with capacity >= ``demand``.
+
+    Ties: fewer replicas, then more capacity. ``floor``: at least that many
+    replicas (extra ones are the cheapest profile). ``ceiling``: at most that
+    many; when ``ceiling`` replicas cannot meet the demand the result is the
+    biggest-capacity mix of ``ceiling`` replicas (the caller reports the
+    shortfall). Empty options -> empty mix.
+    """
+    if not options:
+        return {}
+    demand = max(0.0, demand)
+    mix = _min_slices(demand, options)
+    n = sum(mix.values())
+    if ceiling is not None and n > ceiling:
+        mix = _bounded(demand, options, ceiling)
+        n = sum(mix.values())
+    if n < floor:
+        # The floor's extra replicas are the smallest profile (1 slice, best capacity)...
+        small = min(options, key=lambda o: (o.compute, -o.cap, o.name))
+        mix[small.name] = mix.get(small.name, 0) + (floor - n)
+        # ...unless exactly ``floor`` replicas of other profiles are cheaper: HA
+        # with 272 req/s on 3g=201/4g=295 is 2 x 3g (6 slices), not 4g + 3g (7).
+        if floor <= 6:
+            alt = _exactly(demand, options, floor)
+            if alt is not None and mix_slices(alt, options) < mix_slices(mix, options):
+                mix = alt
+    return {k: v for k, v in mix.items() if v > 0}
+
+
+def _exactly(demand: float, options: list[ProfileOption], n: int) -> dict[str, int] | None:
+    """Fewest-slices mix of exactly ``n`` replicas meeting ``demand`` (small n only)."""
+    best: tuple[int, float, tuple[str, ...]] | None = None
+    for combo in combinations_with_replacement(sorted(options, key=lambda o: o.name), n):
+        cap = sum(o.cap for o in combo)
+        if cap < demand - EPS:
+            continue
+        key = (sum(o.compute for o in combo), -cap, tuple(o.name for o in combo))
+        if best is None or key < best:
+            best = key
+    if best is None:
+        return None
+    out: dict[str, int] = {}
+    for name in best[2]:
+        out[name] = out.get(name, 0) + 1
+    return out
+
+
+def _min_slices(demand: float, options: list[ProfileOption]) -> dict[str, int]:
+    best = options[0]
+    others = options[1:]
+    if demand <= EPS:
+        return {}
+    table = _others_table(tuple((o.cap, o.compute) for o in others), best.compute) if others else ((0.0, 0, ()),)
+    choice: tuple[int, int, float, int] | None = None  # (slices, replicas, -cap, s)
+    for s, (cap_o, reps_o, _counts) in enumerate(table):
+        if cap_o < 0:
+            continue
+        rest = demand - cap_o
+        n_best = 0 if rest <= EPS else math.ceil((rest - EPS) / best.cap)
+        key = (s + n_best * best.compute, reps_o + n_best, -(cap_o + n_best * best.cap), s)
+        if choice is None or key < choice:
+            choice = key
+    assert choice is not None
+    s = choice[3]
+    cap_o, _, counts = table[s]
+    mix = {o.name: c for o, c in zip(others, counts) if c}
+    rest = demand - cap_o
+    n_best = 0 if rest <= EPS else math.ceil((rest - EPS) / best.cap)
+    if n_best:
+        mix[best.name] = mix.get(best.name, 0) + n_best
+    return mix
+
+
+def _bounded(demand: float, options: list[ProfileOption], ceiling: int) -> dict[str, int]:
+    """At most ``ceiling`` replicas: fewest slices meeting demand, else most capacity.
+
+    A DP over (replicas, slices); only used when ``max_replicas`` binds, where
+    ``ceiling`` is small (a max_replicas of 16 -> 16 x 112 states).
+    """
+    if ceiling <= 0:
+        return {}
+    max_c = max(o.compute for o in options)
+    smax = ceiling * max_c
+    # dp[s] = (cap, counts) with exactly s slices and <= r replicas, built r by r.
+    dp: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, tuple(0 for _ in options))}
+    for _ in range(ceiling):
+        nxt = dict(dp)
+        for s, (cap, counts) in dp.items():
+            for i, o in enumerate(options):
+                s2 = s + o.compute
+                if s2 > smax:
+                    continue
+                c2 = list(counts)
+                c2[i] += 1
+                cand = (cap + o.cap, tuple(c2))
+                if s2 not in nxt or cand[0] > nxt[s2][0] + EPS:
+                    nxt[s2] = cand
+        dp = nxt
+    meeting = [(s, v) for s, v in dp.items() if v[0] >= demand - EPS]
+    if meeting:
+        _s, (_cap, counts) = min(meeting, key=lambda sv: (sv[0], sum(sv[1][1]), -sv[1][0]))
+    else:
+        _s, (_cap, counts) = max(dp.items(), key=lambda sv: (sv[1][0], -sv[0]))
+    return {o.name: c for o, c in zip(options, counts) if c}
+
+
+def mix_capacity(mix: Mapping[str, int], options: list[ProfileOption]) -> float:
+    caps = {o.name: o.cap for o in options}
+    return sum(caps.get(p, 0.0) * n for p, n in mix.items())
+
+
+def mix_slices(mix: Mapping[str, int], options: list[ProfileOption]) -> int:
+    comp = {o.name: o.compute for o in options}
+    return sum(comp.get(p, 0) * n for p, n in mix.items())
+
+
+def alternatives(demand: float, options: list[ProfileOption], floor: int, ceiling: int,
+                 *, limit: int = 8, slack: int = 7, budget: int = 4000) -> list[dict[str, int]]:
+    """Other minimal mixes that also cover ``demand`` (for the small-cluster search).
+
+    Minimal: no replica can be dropped without breaking the demand or the
+    floor. At most ``limit`` mixes within ``slack`` slices of the cheapest,
+    cheapest first; the enumeration stops after ``budget`` steps.
+    """
+    demand = max(0.0, demand)
+    opts = sorted(options, key=lambda o: (-o.cap, o.name))
+    best = cover(demand, options, floor, ceiling)
+    top = mix_slices(best, options) + slack
+    found: list[tuple[int, int, dict[str, int]]] = []
+    steps = 0
+
+    def rec(i: int, mix: dict[str, int], cap: float, n: int, s: int) -> None:
+        nonlocal steps
+        steps += 1
+        if steps > budget or s > top or n > ceiling:
+            return
+        if cap >= demand - EPS and n >= floor:
+            ok = all(
+                not (cap - o.cap >= demand - EPS and n - 1 >= floor) for o in opts if mix.get(o.name)
+            )
+            if ok:
+                found.append((s, n, dict(mix)))
+            return
+        if i >= len(opts):
+            return
+        o = opts[i]
+        most = ceiling - n
+        for k in range(most, -1, -1):
+            if s + k * o.compute > top:
+                continue
+            if k:
+                mix[o.name] = k
+            else:
+                mix.pop(o.name, None)
+            rec(i + 1, mix, cap + k * o.cap, n + k, s + k * o.compute)
+        mix.pop(o.name, None)
+
+    rec(0, {}, 0.0, 0, 0)
+    found.sort(key=lambda t: (t[0], t[1], sorted(t[2].items())))
+    out: list[dict[str, int]] = []
+    for _s, _n, mix in found:
+        if mix not in out:
+            out.append(mix)
+        if len(out) >= limit:
+            break
+    return out

@@ -1,0 +1,77 @@
+"""Shared builders for the Kubernetes backend tests."""
+
+from __future__ import annotations
+
+from autoscaler.act.k8s_render import RenderConfig
+from autoscaler.policy.types import Cost, ModelSpec, Plan
+
+NS = "default"
+RESNET = ModelSpec(
+    "resnet", {"1g.10gb": 58, "2g.20gb": 113}, ("1g.10gb", "2g.20gb"), min_replicas=1, max_replicas=8
+)
+LLM = ModelSpec(
+    "llm", {}, (), backend="multinode", nodes_per_group=2, gpus_per_node=1, fabric="ib-a", max_replicas=2
+)
+CFG = RenderConfig(namespace=NS)
+
+
+def plan(desired: dict[tuple[str, str], int]) -> Plan:
+    return Plan(
+        t_s=0.0,
+        desired=desired,
+        assignments=(),
+        layouts={},
+        actions=(),
+        shortfall={},
+        cost=Cost(),
+        reasons={},
+    )
+
+
+def gpu_node(name: str, counts: dict[str, int], *, config: str | None = "all-3g.40gb", gpus: int = 1) -> dict:
+    labels = {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+        "nvidia.com/gpu.count": str(gpus),
+        "nvidia.com/mig.strategy": "mixed",
+        "nvidia.com/mig.config.state": "success",
+    }
+    if config:
+        labels["nvidia.com/mig.config"] = config
+    labels.update({f"nvidia.com/mig-{p}.count": str(n) for p, n in counts.items()})
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {},
+        "status": {"allocatable": {f"nvidia.com/mig-{p}": str(n) for p, n in counts.items()}},
+    }
+
+
+def pod(
+    name: str,
+    node: str,
+    *,
+    model: str | None = "resnet",
+    profile: str = "3g.40gb",
+    ready: bool = True,
+    owned: bool = True,
+    ns: str = NS,
+) -> dict:
+    labels = {"migscale.io/model": model, "migscale.io/profile": profile} if model else {}
+    if owned:
+        labels["app.kubernetes.io/managed-by"] = "migscale"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {"name": "triton", "image": "x", "resources": {"limits": {f"nvidia.com/mig-{profile}": "1"}}}
+            ],
+        },
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }

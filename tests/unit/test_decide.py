@@ -1,0 +1,325 @@
+"""decide(): demand -> capacity -> HPA stages -> planner, with a stand-in planner."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autoscaler.fakes import RecordingActuator, single_gpu_cluster, stub_planner
+from autoscaler.policy.decide import PolicyConfig, PolicyState, decide, observe_only
+from autoscaler.policy.hpa import DEFAULT_SCALE_UP, ScalingRules, SelectPolicy
+from autoscaler.policy.types import (
+    ActionKind,
+    ModelSignals,
+    ModelSpec,
+    Observation,
+    Reason,
+    Replica,
+    ReplicaState,
+)
+
+PROFILE = "1g.10gb"
+
+
+def spec(name, lo=1, hi=10):
+    return ModelSpec(
+        name, capacity={PROFILE: 50.0}, allowed_profiles=(PROFILE,), min_replicas=lo, max_replicas=hi
+    )
+
+
+def config(**kw):
+    base = {
+        "models": (spec("a"), spec("b")),
+        "slo_p99_ms": {"a": 50.0, "b": 50.0},
+        "short_window_s": 10,
+        "long_window_s": 10,  # one-sample windows at 5 s ticks keep the arithmetic visible
+        "churn_budget": None,
+    }
+    base.update(kw)
+    return PolicyConfig(**base)
+
+
+def cluster(a=2, b=2):
+    reps = [Replica(f"a-{i}", "a", PROFILE, "node-a/0", i, ReplicaState.READY) for i in range(a)]
+    reps += [Replica(f"b-{i}", "b", PROFILE, "node-a/0", i, ReplicaState.READY) for i in range(b)]
+    return single_gpu_cluster(replicas=reps)
+
+
+def sig(model, rps, t, **kw):
+    return ModelSignals(model, t, request_rate=rps, **kw)
+
+
+class Harness:
+    """decide + a minimal cluster update between ticks."""
+
+    def __init__(self, cfg, cl):
+        self.cfg, self.cluster, self.state = cfg, cl, PolicyState()
+        self.act = RecordingActuator()
+
+    def step(self, t, signals, source_ok=True):
+        obs = Observation(t, self.cluster, models=signals, source_ok=source_ok)
+        plan, self.state = decide(obs, self.state, self.cfg, t, planner=stub_planner)
+        self.cluster = self.act.apply_to(self.cluster, plan.actions)
+        return plan
+
+    def count(self, model):
+        return sum(1 for r in self.cluster.replicas if r.model == model)
+
+
+def test_scale_up_worked_example():
+    h = Harness(config(), cluster())
+    # a: 200 req/s on 2 x 50 -> required 240 -> 2.4 x 2 = ceil(4.8) = 5 replicas; b: 83 req/s -> 100 = hold
+    plan = h.step(0, {"a": sig("a", 200, 0), "b": sig("b", 100 / 1.2, 0)})
+    assert h.count("a") == 5 and h.count("b") == 2
+    assert Reason.SCALE_UP_DEMAND in plan.reasons["a"]
+    assert Reason.HOLD_WITHIN_TOLERANCE in plan.reasons["b"]
+    assert plan.target_rps["a"] == pytest.approx(240)
+    assert plan.target_rps["b"] == 100  # hold = exactly what runs
+    d = h.state.diagnostics["a"]
+    assert d.required_rps == pytest.approx(240) and d.current_replicas == 2 and d.desired_replicas == 5
+    assert [s.name for s in d.stages] == ["required_rps", "metrics", "stabilize", "behavior"]
+
+
+def test_scale_up_is_rate_limited_by_behavior():
+    h = Harness(config(), cluster(a=1))
+    # 1000 req/s on 1 replica wants 24; default behavior allows max(2, 1 + 4) = 5
+    plan = h.step(0, {"a": sig("a", 1000, 0), "b": sig("b", 100 / 1.2, 0)})
+    assert h.count("a") == 5
+    assert Reason.RATE_LIMITED in plan.reasons["a"]
+    # 5 s later, same 15 s period: still counted from the period start (1) -> stays 5
+    h.step(5, {"a": sig("a", 1000, 5), "b": sig("b", 100 / 1.2, 5)})
+    assert h.count("a") == 5
+    # next period: from 5, max(10, 9) = 10 (max_replicas 10)
+    h.step(15, {"a": sig("a", 1000, 15), "b": sig("b", 100 / 1.2, 15)})
+    assert h.count("a") == 10
+
+
+def test_scale_down_waits_for_stabilization_window():
+    h = Harness(
+        config(scale_down=ScalingRules(30, SelectPolicy.MAX, DEFAULT_SCALE_UP.policies[:1])), cluster(a=4)
+    )
+    steady = {"b": sig("b", 100 / 1.2, 0)}
+    h.step(0, {"a": sig("a", 4 * 50 / 1.2, 0), **steady})  # recommendation 4
+    for t in (5, 10, 15, 20, 25):
+        plan = h.step(t, {"a": sig("a", 40, t), **steady})  # wants 1
+        assert h.count("a") == 4
+        assert Reason.HOLD_STABILIZATION in plan.reasons["a"]
+    # t=5 averaged 166.7 and 40 over the 10 s window -> recommendation 3, still inside at t=30
+    plan = h.step(30, {"a": sig("a", 40, 30), **steady})  # the 4 (t=0) aged out
+    assert h.count("a") == 3
+    assert Reason.HOLD_STABILIZATION in plan.reasons["a"]
+    plan = h.step(35, {"a": sig("a", 40, 35), **steady})  # the 3 (t=5) aged out
+    assert h.count("a") == 1
+    assert Reason.SCALE_DOWN_DEMAND in plan.reasons["a"]
+
+
+def test_missing_model_holds_while_others_proceed():
+    cfg = config(scale_down=ScalingRules(0, SelectPolicy.MAX, DEFAULT_SCALE_UP.policies[:1]))
+    h = Harness(cfg, cluster(a=4, b=4))
+    plan = h.step(0, {"a": None, "b": sig("b", 40, 0)})
+    assert h.count("a") == 4  # blind: holds
+    assert h.count("b") == 1  # b scales down normally
+    assert Reason.HOLD_MISSING_METRICS in plan.reasons["a"]
+    assert plan.target_rps["a"] == 200
+    assert not any(a.model == "a" for a in plan.actions)
+    assert h.state.diagnostics["a"].metrics_ok is False
+
+
+def test_stale_signals_are_missing():
+    cfg = config(
+        scale_down=ScalingRules(0, SelectPolicy.MAX, DEFAULT_SCALE_UP.policies[:1]), metrics_stale_s=60
+    )
+    h = Harness(cfg, cluster(a=4, b=1))
+    plan = h.step(100, {"a": sig("a", 1, 30), "b": sig("b", 30, 100)})  # a sampled 70 s ago
+    assert h.count("a") == 4
+    assert Reason.HOLD_MISSING_METRICS in plan.reasons["a"]
+
+
+def test_blind_model_still_grows_toward_last_recommendation():
+    h = Harness(config(), cluster(a=1))
+    h.step(0, {"a": sig("a", 400, 0), "b": sig("b", 100 / 1.2, 0)})  # wants ceil(9.6)=10, allowed 5
+    assert h.count("a") == 5
+    plan = h.step(15, {"a": None, "b": sig("b", 100 / 1.2, 15)})
+    assert h.count("a") == 10  # grows from what was known, within behavior limits
+    assert Reason.HOLD_MISSING_METRICS in plan.reasons["a"]
+
+
+def test_partial_replica_reports_never_scale_down():
+    cfg = config(scale_down=ScalingRules(0, SelectPolicy.MAX, DEFAULT_SCALE_UP.policies[:1]))
+    h = Harness(cfg, cluster(a=4))
+    # 2 of 4 replicas report 60 req/s in total: per reporter 36 vs 50 says "down";
+    # missing ones count as 100% -> (72 + 100) / 200 = 0.86 -> ceil(3.44) = 4: hold
+    h.step(0, {"a": sig("a", 60, 0, ready_replicas=2), "b": sig("b", 100 / 1.2, 0)})
+    assert h.count("a") == 4
+
+
+def test_panic_scales_up_on_short_window_and_blocks_scale_down():
+    cfg = config(
+        long_window_s=60,
+        short_window_s=10,
+        scale_down=ScalingRules(0, SelectPolicy.MAX, DEFAULT_SCALE_UP.policies[:1]),
+    )
+    h = Harness(cfg, cluster(a=2))
+    b = {"b": sig("b", 100 / 1.2, 0)}
+    for t in (0, 5, 10, 15, 20):
+        h.step(t, {"a": sig("a", 80, t), **b})
+    assert h.count("a") == 2
+    # burst: 240 req/s >= 2 x 100 capacity -> panic, size from the short window
+    plan = h.step(25, {"a": sig("a", 400, 25), **b})
+    assert h.state.panic["a"].panicking
+    assert Reason.PANIC_SCALE_UP in plan.reasons["a"]
+    grown = h.count("a")
+    assert grown > 2
+    # the burst ends; while panicking nothing is removed even though demand is low
+    for t in (30, 35, 40, 60, 80):
+        plan = h.step(t, {"a": sig("a", 20, t), **b})
+        assert h.count("a") >= grown
+    # 60 s (the stable window) after the last trigger at t=25 the panic ends and scale-down resumes
+    for t in (85, 90, 95, 150):
+        h.step(t, {"a": sig("a", 20, t), **b})
+    assert not h.state.panic["a"].panicking
+    assert h.count("a") < grown
+
+
+def test_correction_factor_raises_capacity_when_p99_exceeds_slo():
+    h = Harness(config(), cluster(a=2))
+    for t in range(0, 50, 5):
+        h.step(t, {"a": sig("a", 70, t, p99_ms=100.0), "b": sig("b", 100 / 1.2, t)})
+    d = h.state.diagnostics["a"]
+    assert 1.0 < d.correction <= 2.0
+    assert d.required_rps == pytest.approx(70 * d.correction * 1.2)
+    assert h.count("a") >= 3  # 84 req/s fits in 2 replicas without the correction
+
+
+def test_overload_latency_does_not_inflate_the_correction():
+    # 300 req/s on 100 req/s of capacity: p99 is high because of the backlog,
+    # which demand already fixes; learning from it would over-provision later
+    h = Harness(config(), cluster(a=2))
+    h.step(0, {"a": sig("a", 300, 0, p99_ms=400.0), "b": sig("b", 100 / 1.2, 0)})
+    assert h.state.diagnostics["a"].correction == 1.0
+
+
+def test_observe_only_keeps_history_but_recommends_nothing():
+    cfg = config()
+    st = observe_only(Observation(0, cluster(), {"a": sig("a", 10, 0)}), PolicyState(), cfg, 0)
+    assert [s.rps for s in st.demand["a"]] == [10]
+    assert st.recommendations == {} and st.scale_events == {}
+
+
+def test_total_outage_holds_everything():
+    cfg = config(scale_down=ScalingRules(0, SelectPolicy.MAX, DEFAULT_SCALE_UP.policies[:1]))
+    h = Harness(cfg, cluster(a=3, b=3))
+    plan = h.step(0, {"a": sig("a", 1, 0), "b": sig("b", 1, 0)}, source_ok=False)
+    assert plan.actions == ()
+    assert all(Reason.HOLD_MISSING_METRICS in plan.reasons[m] for m in "ab")
+
+
+def test_from_zero_replicas_sizes_from_best_profile():
+    cfg = config(models=(spec("a", lo=0), spec("b")))
+    h = Harness(cfg, cluster(a=0, b=1))
+    h.step(0, {"a": sig("a", 100, 0), "b": sig("b", 100 / 1.2 / 2, 0)})
+    assert h.count("a") == 3  # 120 / 50 -> 3
+
+
+def test_below_min_replicas_is_clamped_first():
+    h = Harness(config(models=(spec("a", lo=2), spec("b"))), cluster(a=0, b=1))
+    plan = h.step(0, {"a": None, "b": sig("b", 100 / 1.2 / 2, 0)})
+    assert h.count("a") == 2
+    assert Reason.MIN_REPLICAS in plan.reasons["a"]
+
+
+def test_queue_compute_ratio_as_second_metric():
+    cfg = config(queue_compute_target=1.0)
+    h = Harness(cfg, cluster(a=2))
+    # demand says hold (in tolerance) but queue:compute 2.0 says double -> max wins
+    h.step(0, {"a": sig("a", 100 / 1.2, 0, queue_compute_ratio=2.0), "b": sig("b", 100 / 1.2, 0)})
+    assert h.count("a") == 4
+    # the ratio failed and demand says down -> do not scale down
+    cfg2 = dataclasses.replace(
+        cfg, scale_down=ScalingRules(0, SelectPolicy.MAX, DEFAULT_SCALE_UP.policies[:1])
+    )
+    h2 = Harness(cfg2, cluster(a=4))
+    h2.step(0, {"a": sig("a", 10, 0), "b": sig("b", 100 / 1.2, 0)})
+    assert h2.count("a") == 4
+
+
+def test_every_model_gets_reasons_and_planner_reasons_merge():
+    h = Harness(config(), cluster())
+    plan = h.step(0, {"a": sig("a", 200, 0), "b": None})
+    assert set(plan.reasons) == {"a", "b"}
+    assert all(plan.reasons[m] for m in "ab")
+    assert h.act.count(ActionKind.CREATE) == 0  # apply_to does not record; the plan does
+    assert sum(1 for a in plan.actions if a.kind == ActionKind.CREATE) == 3
+
+
+def test_from_config_reads_policy_section():
+    from autoscaler.config import parse_cluster, parse_models
+
+    models = parse_models(
+        {
+            "models": [
+                {
+                    "name": "resnet",
+                    "model_dir": "triton_models/resnet",
+                    "slo": {"p99_ms": 40},
+                    "profiles": ["1g.10gb"],
+                    "capacity": {"1g.10gb": 120},
+                    "max_replicas": 6,
+                }
+            ]
+        }
+    )
+    cl = parse_cluster(
+        {
+            "gpus": [{"node": "n", "product": "A100-SXM4-80GB"}],
+            "policy": {
+                "tick_s": 2,
+                "headroom": 0.5,
+                "short_window_s": 4,
+                "scale_down": {
+                    "stabilization_window_s": 20,
+                    "select_policy": "Min",
+                    "policies": [{"type": "Pods", "value": 1, "period_s": 10}],
+                },
+            },
+        }
+    )
+    cfg = PolicyConfig.from_config(models, cl)
+    assert cfg.tick_s == 2 and cfg.headroom == 0.5 and cfg.short_window_s == 4
+    assert cfg.slo_p99_ms == {"resnet": 40}
+    assert cfg.spec("resnet").capacity == {"1g.10gb": 120}
+    assert cfg.scale_down.stabilization_window_s == 20
+    assert cfg.scale_down.select_policy == SelectPolicy.MIN
+    assert cfg.scale_down.policies[0].value == 1
+
+
+def test_with_the_real_planner_on_an_a100():
+    """decide's default planner: capacity goes up with demand, a blind model keeps its replicas."""
+    from autoscaler.policy.types import ClusterState, GpuState
+
+    cap = {"1g.10gb": 40.0, "2g.20gb": 70.0, "3g.40gb": 100.0}
+    specs = (ModelSpec("a", cap, tuple(cap), 1, 8), ModelSpec("b", cap, tuple(cap), 1, 8))
+    cl = ClusterState(gpus=(GpuState("n/0", "n", "A100-SXM4-80GB"), GpuState("n/1", "n", "A100-SXM4-80GB")))
+    cfg = PolicyConfig(models=specs, churn_budget=None, short_window_s=5, long_window_s=5)
+    act, st = RecordingActuator(), PolicyState()
+
+    def tick(t, ra, rb):
+        nonlocal cl, st
+        sigs = {"a": None if ra is None else sig("a", ra, t), "b": None if rb is None else sig("b", rb, t)}
+        plan, st = decide(Observation(t, cl, sigs), st, cfg, t)  # no planner=: the real one
+        cl = act.apply_to(cl, plan.actions)
+        return plan
+
+    def capacity(m):
+        return sum(cap[r.profile] for r in cl.replicas if r.model == m)
+
+    tick(0, 10, 10)
+    assert capacity("a") >= 12 and capacity("b") >= 12
+    plan = tick(5, 200, 10)
+    assert capacity("a") > 100
+    assert plan.target_rps["a"] > 100
+    before_b = sorted(r.id for r in cl.replicas if r.model == "b")
+    plan = tick(10, 200, None)
+    assert Reason.HOLD_MISSING_METRICS in plan.reasons["b"]
+    assert sorted(r.id for r in cl.replicas if r.model == "b") == before_b

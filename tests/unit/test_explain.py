@@ -1,0 +1,76 @@
+"""``migscale explain`` on a decision log written by a real ControlLoop tick."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from autoscaler.cli import app
+from autoscaler.clock import VirtualClock
+from autoscaler.commands.explain import read_last_decision
+from autoscaler.fakes import (
+    FakeInventory,
+    FakeMetricsSource,
+    RecordingActuator,
+    single_gpu_cluster,
+    stub_planner,
+)
+from autoscaler.loop import ControlLoop
+from autoscaler.policy.decide import PolicyConfig
+from autoscaler.policy.types import ModelSpec, Replica, ReplicaState
+
+P = "1g.10gb"
+
+
+def write_log(path, converge_calls=0):
+    inv = FakeInventory(
+        single_gpu_cluster(replicas=[Replica("a-0", "a", P, "node-a/0", 0, ReplicaState.READY)])
+    )
+    act = RecordingActuator(inv, converge_calls=converge_calls)
+    src = FakeMetricsSource()
+    src.set_rate("a", 400, p99_ms=80.0)
+    src.set_rate("b", None)
+    cfg = PolicyConfig(
+        models=(ModelSpec("a", {P: 50.0}, (P,)), ModelSpec("b", {P: 50.0}, (P,))), slo_p99_ms={"a": 50.0}
+    )
+    loop = ControlLoop(src, inv, act, cfg, VirtualClock(), decision_log=path, planner=stub_planner)
+    loop.tick()
+    return loop
+
+
+def test_explain_prints_reasons_inputs_and_actions(tmp_path):
+    write_log(tmp_path / "decisions.jsonl")
+    res = CliRunner().invoke(app, ["explain", "--run-dir", str(tmp_path)], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    assert "panic_scale_up" in res.output and "rate_limited" in res.output
+    assert "hold_missing_metrics" in res.output or "min_replicas" in res.output
+    assert "400.0" in res.output  # observed demand
+    assert "1 → 5" in res.output  # replicas now -> wanted
+    assert "create" in res.output
+
+
+def test_explain_json_and_prefers_decided_ticks(tmp_path):
+    log = tmp_path / "d.jsonl"
+    loop = write_log(log, converge_calls=1)
+    loop.tick()  # gated tick: observe only
+    with log.open("a") as f:
+        f.write('{"t_s": 99, "trunc')  # a line cut short by a crash
+    rec = read_last_decision(log)
+    assert rec["t_s"] == 0.0 and not rec["gated"]
+    res = CliRunner().invoke(app, ["explain", "--log", str(log), "--json"])
+    assert res.exit_code == 0
+    out = json.loads(res.output)
+    assert out["models"]["a"]["desired_replicas"] == 5
+    assert "hold_missing_metrics" in out["reasons"]["b"] or "min_replicas" in out["reasons"]["b"]
+
+
+def test_explain_missing_log_exits_2_naming_the_option(tmp_path):
+    res = CliRunner().invoke(app, ["explain", "--run-dir", str(tmp_path / "none")])
+    assert res.exit_code == 2
+    assert "--run-dir" in res.output and "none" in res.output
+    assert "Traceback" not in res.output
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    res = CliRunner().invoke(app, ["explain", "--log", str(empty)])
+    assert res.exit_code == 2 and "--log" in res.output
