@@ -36,6 +36,7 @@ from autoscaler.mig import PRODUCTS, LayoutError, check_layout, get_product, par
 __all__ = [
     "ClusterConfig",
     "ConfigError",
+    "policy_config",
     "GpuConfig",
     "ModelConfig",
     "ModelsConfig",
@@ -477,5 +478,6 @@ from autoscaler.config_build import (
     load_capacity_file,
     load_demand,
     model_specs,
+    policy_config,
     validate_pair,
 )

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autoscaler.config_io import ConfigError, load_yaml, short
 from autoscaler.mig import get_product
 from autoscaler.policy.types import ClusterState, GpuState, ModelSpec
 
 if TYPE_CHECKING:
+    from autoscaler.policy import hpa
+    from autoscaler.policy.decide import PolicyConfig
     from autoscaler.config import ClusterConfig, ModelConfig, ModelsConfig
 
 
@@ -314,3 +316,40 @@ def _multinode_problems(at: str, m: ModelConfig, cluster: ClusterConfig, require
     if require_capacity and mn.group_capacity_rps is None:
         out.append(f"{at}.multinode.group_capacity_rps: required to plan a multinode model, got None")
     return out
+
+
+def rules_from_config(b: Any) -> "hpa.ScalingRules":
+    """cluster.yaml ``scale_up``/``scale_down`` (pydantic) -> ``hpa.ScalingRules``."""
+    from autoscaler.policy import hpa
+
+    return hpa.ScalingRules(
+        float(b.stabilization_window_s),
+        hpa.SelectPolicy(b.select_policy),
+        tuple(hpa.ScalingPolicy(hpa.PolicyType(p.type), int(p.value), float(p.period_s)) for p in b.policies),
+    )
+
+
+def policy_config(models_cfg: Any, cluster_cfg: Any, **overrides: Any) -> "PolicyConfig":
+    """The pure core's ``PolicyConfig`` from loaded ``models.yaml`` / ``cluster.yaml``.
+
+    Lives here, at the edge, so ``policy/`` never imports the file-reading config layer.
+    """
+    from autoscaler.policy.decide import PolicyConfig
+
+    p = cluster_cfg.policy
+    kw: dict[str, Any] = {
+        "models": tuple(model_specs(models_cfg, cluster_cfg)),
+        "slo_p99_ms": {m.name: float(m.slo.p99_ms) for m in models_cfg.models},
+        "tick_s": float(p.tick_s),
+        "headroom": float(p.headroom),
+        "tolerance": float(p.tolerance),
+        "short_window_s": float(p.short_window_s),
+        "long_window_s": float(p.long_window_s),
+        "panic_threshold": float(p.panic_threshold),
+        "churn_budget": p.churn_budget,
+        "scale_up": rules_from_config(p.scale_up),
+        "scale_down": rules_from_config(p.scale_down),
+        "metrics_stale_s": float(p.metrics_stale_s),
+    }
+    kw.update(overrides)
+    return PolicyConfig(**kw)

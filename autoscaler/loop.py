@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -79,6 +80,7 @@ class ControlLoop:
         self.failures = 0  # consecutive failed ticks
         self.ticks = 0
         self.last_result: TickResult | None = None
+        self.last_decide_s: float | None = None  # how long the last decide + plan took
         self.last_observation: Observation | None = None  # what the last tick saw (for the API/UI)
         self.last_log_error: str | None = None  # the decision log could not be written
         self.last_on_tick_error: str | None = None  # the on_tick observer raised
@@ -150,7 +152,9 @@ class ControlLoop:
                 reasons={n: (Reason.HOLD_CONVERGING,) for n in names},
             )
         prev = self.state
+        t0 = time.perf_counter()  # duration only (for /metrics), never a decision input
         plan, new_state = decide(obs, prev, self.config, now, planner=self.planner)
+        self.last_decide_s = time.perf_counter() - t0
         # The recommendation stands even if acting fails (HPA records it too), but
         # a scale event that did not happen must not eat the behavior budget.
         self.state = replace(new_state, scale_events=prev.scale_events)

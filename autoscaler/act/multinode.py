@@ -18,9 +18,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from autoscaler.act.triton import TritonPorts, TritonProcess, free_port, triton_env
 
@@ -42,6 +42,7 @@ class ProcessGroup:
         env: Mapping[str, str] | None = None,
         tritonserver: str | None = None,
         ports: TritonPorts | None = None,
+        member_env: Sequence[Mapping[str, str]] | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"group size must be >= 1, got {size}")
@@ -50,6 +51,10 @@ class ProcessGroup:
         self.size = size
         self.workdir = Path(workdir).resolve()
         self.extra_env = dict(env or {})
+        # Per-rank additions (the local backend gives each member its GPU's identity).
+        self.member_env = [dict(e) for e in (member_env or ())]
+        if self.member_env and len(self.member_env) != size:
+            raise ValueError(f"member_env has {len(self.member_env)} entries for a group of {size}")
         self.tritonserver = tritonserver
         self.ports = ports or TritonPorts.free()
         self.leader: TritonProcess | None = None
@@ -57,6 +62,7 @@ class ProcessGroup:
         self.rendezvous_port: int | None = None
         self.started_at: float | None = None
         self.generation = 0  # bumped each time the whole group is (re)created
+        self.ready_at: float | None = None  # set by the local supervisor when it publishes READY
 
     # ------------------------------------------------------------ addresses
     @property
@@ -71,8 +77,35 @@ class ProcessGroup:
         out = [self.leader.pid] if self.leader and self.leader.pid else []
         return out + [m.proc.pid for m in self.workers if m.proc]
 
+    # The local backend treats a group like one tritonserver: these mirror
+    # TritonProcess (the leader's address, the group's liveness).
+    @property
+    def url_grpc(self) -> str:
+        return f"127.0.0.1:{self.ports.grpc}"
+
+    @property
+    def url_metrics(self) -> str:
+        return f"http://127.0.0.1:{self.ports.metrics}/metrics"
+
+    @property
+    def proc(self) -> subprocess.Popen | None:
+        return self.leader.proc if self.leader else None
+
+    @property
+    def binary(self) -> Path:
+        return self.leader.binary if self.leader else Path("tritonserver")
+
+    def alive(self) -> bool:
+        """Every member started is still running (False before start: nothing to serve)."""
+        return self.leader is not None and not self.failed()
+
+    def tail_log(self, lines: int = 20) -> str:
+        return self.tail_logs(lines)
+
     def _group_env(self, rank: int) -> dict[str, str]:
         env = dict(self.extra_env)
+        if self.member_env:
+            env.update(self.member_env[rank])
         env.update(
             MIGSCALE_GROUP_RANK=str(rank),
             MIGSCALE_GROUP_SIZE=str(self.size),
@@ -87,6 +120,7 @@ class ProcessGroup:
     def start(self) -> None:
         self.generation += 1
         self.started_at = time.time()
+        self.ready_at = None
         self.rendezvous_port = free_port()
         gen_dir = self.workdir / f"gen{self.generation}"
         gen_dir.mkdir(parents=True, exist_ok=True)
@@ -131,7 +165,7 @@ class ProcessGroup:
         except OSError:
             return False
 
-    def is_ready(self) -> bool:
+    def is_ready(self, timeout_s: float = 1.0) -> bool:
         # The leader's model initialises only after every rank joined, so leader
         # readiness already implies the group; checking workers too guards
         # against a worker that died after the join.
@@ -139,7 +173,7 @@ class ProcessGroup:
             self.leader is not None
             and not self.failed()
             and all(self._worker_joined(m) for m in self.workers)
-            and self.leader.is_ready()
+            and self.leader.is_ready(timeout_s)
         )
 
     def wait_ready(self, timeout_s: float = 120.0) -> float:
@@ -152,11 +186,11 @@ class ProcessGroup:
             time.sleep(0.1)
         raise TimeoutError(f"group {self.model} not ready after {timeout_s:.0f}s:\n{self.tail_logs()}")
 
-    def tail_logs(self) -> str:
-        parts = [self.leader.tail_log(10)] if self.leader else []
+    def tail_logs(self, lines: int = 10) -> str:
+        parts = [self.leader.tail_log(lines)] if self.leader else []
         for m in self.workers:
             try:
-                parts.append("\n".join(m.log_path.read_text(errors="replace").splitlines()[-10:]))
+                parts.append("\n".join(m.log_path.read_text(errors="replace").splitlines()[-lines:]))
             except OSError:
                 pass
         return "\n---\n".join(parts)

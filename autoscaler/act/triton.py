@@ -20,9 +20,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
 
 
 class TritonError(RuntimeError):
@@ -42,7 +42,7 @@ class TritonPorts:
     metrics: int
 
     @classmethod
-    def free(cls) -> "TritonPorts":
+    def free(cls) -> TritonPorts:
         # Three distinct ports; binding them all at once avoids handing out a duplicate.
         socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(3)]
         try:
@@ -57,7 +57,7 @@ class TritonPorts:
 
 def _pytriton_dir() -> Path:
     try:
-        import pytriton  # noqa: F401  (only to locate the wheel's files)
+        import pytriton
     except ImportError as e:  # pragma: no cover - depends on the platform
         raise TritonError(
             "nvidia-pytriton is not installed (it ships tritonserver for Linux x86_64); "
@@ -271,7 +271,7 @@ class TritonProcess:
                 self.proc.wait(timeout=5)
         return self.proc.returncode
 
-    def __enter__(self) -> "TritonProcess":
+    def __enter__(self) -> TritonProcess:
         self.start()
         return self
 

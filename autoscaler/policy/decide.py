@@ -24,7 +24,6 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from autoscaler.policy import demand as dm
 from autoscaler.policy import hpa
@@ -66,38 +65,6 @@ class PolicyConfig:
     @property
     def stable_window_s(self) -> float:
         return self.panic_stable_window_s if self.panic_stable_window_s is not None else self.long_window_s
-
-    @classmethod
-    def from_config(cls, models_cfg: Any, cluster_cfg: Any, **overrides: Any) -> PolicyConfig:
-        """Build from ``config.load_models`` / ``config.load_cluster`` results."""
-        from autoscaler.config import model_specs
-
-        p = cluster_cfg.policy
-        kw: dict[str, Any] = {
-            "models": tuple(model_specs(models_cfg, cluster_cfg)),
-            "slo_p99_ms": {m.name: float(m.slo.p99_ms) for m in models_cfg.models},
-            "tick_s": float(p.tick_s),
-            "headroom": float(p.headroom),
-            "tolerance": float(p.tolerance),
-            "short_window_s": float(p.short_window_s),
-            "long_window_s": float(p.long_window_s),
-            "panic_threshold": float(p.panic_threshold),
-            "churn_budget": p.churn_budget,
-            "scale_up": rules_from_config(p.scale_up),
-            "scale_down": rules_from_config(p.scale_down),
-            "metrics_stale_s": float(p.metrics_stale_s),
-        }
-        kw.update(overrides)
-        return cls(**kw)
-
-
-def rules_from_config(b: Any) -> hpa.ScalingRules:
-    """cluster.yaml ``scale_up``/``scale_down`` (pydantic) -> ``hpa.ScalingRules``."""
-    return hpa.ScalingRules(
-        float(b.stabilization_window_s),
-        hpa.SelectPolicy(b.select_policy),
-        tuple(hpa.ScalingPolicy(hpa.PolicyType(p.type), int(p.value), float(p.period_s)) for p in b.policies),
-    )
 
 
 @dataclass(frozen=True)

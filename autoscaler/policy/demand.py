@@ -60,20 +60,51 @@ class CorrectionConfig:
     max_utilization_up: float = 1.0  # above it a slow p99 is overload, not a table error
 
 
+# Queue time up to this multiple of compute time is ordinary batching wait;
+# beyond it requests are piling up faster than the replicas finish them.
+SATURATED_QUEUE_COMPUTE = 1.0
+
+
+def saturation_pressure(signals: ModelSignals | None) -> float:
+    """How far beyond its capacity a model is driven, from Triton's queue:compute ratio (>= 1).
+
+    The served rate saturates at capacity, and with closed-loop clients (each
+    waits for its answer, as locust users and most RPC callers do) the backlog
+    sits in the clients, not in Triton's queue -- so neither the rate nor
+    ``pending`` shows how much more is wanted. Queue time does: a request that
+    waits 3x as long as it computes (ratio 3) means about (1 + 3) / 2 = 2x the
+    capacity is wanted. At or below ratio 1 this is exactly 1 (no effect),
+    and a missing ratio is 1 too (the other terms still hold).
+    """
+    if signals is None:
+        return 1.0
+    q, c = signals.avg_queue_ms, signals.avg_compute_ms
+    if q is not None and c is not None and c > 0 and q >= 0:
+        ratio = q / c
+    elif signals.queue_compute_ratio is not None:
+        ratio = signals.queue_compute_ratio
+    else:
+        return 1.0
+    if not math.isfinite(ratio) or ratio <= SATURATED_QUEUE_COMPUTE:
+        return 1.0
+    return (1.0 + ratio) / (1.0 + SATURATED_QUEUE_COMPUTE)
+
+
 def observed_demand(signals: ModelSignals | None, backlog_drain_s: float) -> float | None:
-    """Arrival rate now: served rate plus the queued backlog drained over ``backlog_drain_s``.
+    """Arrival rate now: served rate, scaled by saturation pressure, plus the queued backlog.
 
     The served rate saturates at capacity, so a queue of 200 requests with a
-    10 s drain adds 20 req/s -- otherwise a saturated model would only ever
-    ask for what it already has. A missing ``pending`` adds nothing (the
-    backlog term is a refinement); a missing request rate makes demand None.
+    10 s drain adds 20 req/s, and a queue:compute ratio above 1 scales the
+    rate up (``saturation_pressure``) -- otherwise a saturated model would only
+    ever ask for what it already has. A missing ``pending`` or ratio adds
+    nothing (refinements); a missing request rate makes demand None.
     """
     if signals is None or signals.request_rate is None:
         return None
     extra = 0.0
     if signals.pending is not None and backlog_drain_s > 0:
         extra = signals.pending / backlog_drain_s
-    return signals.request_rate + extra
+    return signals.request_rate * saturation_pressure(signals) + extra
 
 
 def record_demand(
@@ -191,6 +222,12 @@ def update_correction(
         and utilization >= cfg.min_utilization
     ):
         sample = max(r / cfg.low_band, cfg.lo)
+    elif r <= 1.0 and factor > 1.0:
+        # Healthy: let a learned pessimism leak back toward 1 (slowly: a fifth
+        # of alpha), so one overload episode does not inflate capacity forever;
+        # if the table really is optimistic the next miss raises it again.
+        new = math.exp((1 - cfg.alpha / 5) * math.log(factor))
+        return max(1.0, new), True
     else:
         return factor, False
     new = math.exp((1 - cfg.alpha) * math.log(factor) + cfg.alpha * math.log(factor * sample))

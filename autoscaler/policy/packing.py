@@ -22,13 +22,12 @@ one GPU) chosen to fill it as much as possible, big instances first.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from functools import lru_cache
 from itertools import combinations
-from typing import Iterable
 
 from autoscaler.mig.layout import Placement, best_start, check_layout, free_starts, maximal_layouts
 from autoscaler.mig.products import STANDARD_KINDS, Product
-
 
 # ---------------------------------------------------------------- geometry caches
 
@@ -42,7 +41,7 @@ def _compute(product: Product, layout: Iterable[Placement]) -> int:
     return sum(product.profiles[p.profile].compute for p in layout)
 
 
-def _overlaps(product: Product, a: Placement, b: Placement) -> bool:
+def overlaps(product: Product, a: Placement, b: Placement) -> bool:
     pa, pb = product.profiles[a.profile], product.profiles[b.profile]
     return a.start < b.start + pb.mem_slots and b.start < a.start + pa.mem_slots
 
@@ -71,8 +70,8 @@ def fit(
     if s is None:
         return None
     new = Placement(s, profile)
-    keep = [p for p in soft if not _overlaps(product, p, new)]
-    destroyed = [p for p in soft if _overlaps(product, p, new)]
+    keep = [p for p in soft if not overlaps(product, p, new)]
+    destroyed = [p for p in soft if overlaps(product, p, new)]
     # Compute can still be over budget with non-overlapping empty instances:
     # drop the smallest ones first (they are the cheapest to recreate).
     budget = product.compute_slices - _compute(product, occupied) - product.profiles[profile].compute
@@ -149,7 +148,7 @@ def _realize_search(product: Product, items: list[str]) -> tuple[Placement, ...]
 class GpuWork:
     """The target of one GPU while the plan is being built (mutable, planner-private)."""
 
-    __slots__ = ("id", "node", "product", "rdma", "fabric", "current", "hard", "blocked", "soft", "whole", "order")
+    __slots__ = ("blocked", "current", "fabric", "hard", "id", "node", "order", "product", "rdma", "soft", "whole")
 
     def __init__(self, gid: str, node: str, product: Product, rdma: bool, fabric: str | None,
                  current: tuple[Placement, ...], order: int) -> None:
@@ -181,7 +180,9 @@ class GpuWork:
     def place(self, model: str, profile: str, start: int, destroyed: tuple[Placement, ...], replica: str | None = None) -> None:
         for p in destroyed:
             self.soft.discard(p)
-        self.soft.discard(Placement(start, profile))
+        new = Placement(start, profile)
+        # Invariant: empty instances never overlap an occupied one.
+        self.soft = {p for p in self.soft if not overlaps(self.product, p, new)}
         self.hard[start] = (model, profile, replica)
 
     def models(self) -> set[str]:
@@ -229,33 +230,28 @@ class Index:
         GPUs (kept free for the multinode backend), then cluster order.
         ``avoid_model``: skip GPUs already hosting that model (high availability).
         """
-        best = None
-        best_rank = None
+        best: tuple[GpuWork, int, tuple[Placement, ...]] | None = None
+        best_rank: tuple | None = None
         for k, bucket in self.buckets.items():
-            pname, rdma, occupied, soft, used = k
+            _pname, rdma, occupied, soft, used = k
             if used_only and not used:
                 continue
             g0 = next(iter(bucket.values()))
             got = fit(g0.product, occupied, soft, profile)
             if got is None:
                 continue
-            used_c = _compute(g0.product, occupied)
             exact = any(p.start == got[0] and p.profile == profile for p in soft)
-            rank = (-used_c, not exact, bool(got[1]), rdma)
-            if best_rank is not None and rank >= best_rank:
-                # Same rank: keep the earlier GPU in cluster order (decided below).
-                if rank > best_rank:
-                    continue
-            cand = None
-            for g in bucket.values():
-                if g.id in exclude or (avoid_model is not None and avoid_model in g.models()):
-                    continue
-                if cand is None or g.order < cand.order:
-                    cand = g
+            rank = (-_compute(g0.product, occupied), not exact, bool(got[1]), rdma)
+            if best_rank is not None and rank > best_rank:
+                continue
+            # First acceptable GPU of the bucket (insertion order is deterministic).
+            cand = next((g for g in bucket.values() if g.id not in exclude
+                         and (avoid_model is None or avoid_model not in g.models())), None)
             if cand is None:
                 continue
-            if best_rank is None or rank < best_rank or (rank == best_rank and cand.order < best[0].order):
-                best, best_rank = (cand, got[0], got[1]), rank
+            full = rank + (cand.order,)
+            if best_rank is None or full < best_rank:
+                best, best_rank = (cand, got[0], got[1]), full
         return best
 
 
@@ -337,7 +333,7 @@ def pack(gpus: list[GpuWork], pools: dict[str, deque[str]], index: Index, *, all
                 index.remove(g)
                 here: set[str] = set()
                 for pl in sorted(layout, key=lambda p: (-product.profiles[p.profile].compute, p.start)):
-                    destroyed = tuple(p for p in g.soft if _overlaps(product, p, pl))
+                    destroyed = tuple(p for p in g.soft if overlaps(product, p, pl))
                     model = _pop(pools[pl.profile], here, ha_models, placed_ha) if ha_aware \
                         else pools[pl.profile].popleft()
                     here.add(model)

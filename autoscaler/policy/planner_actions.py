@@ -1,4 +1,4 @@
-"""Planner step 3: multinode groups, churn budget, action order, the ``Plan`` value.
+"""Planner step 3: churn budget, action order, layouts, the ``Plan`` value.
 
 Pure; used by ``planner.plan``. Also ``apply_plan_to_cluster``: the cluster a
 plan leaves behind (new replicas READY), used by tests, the simulator and the
@@ -13,18 +13,16 @@ instance waits for its GPU's REPARTITION. A cycle (a model's new replica
 needs the space its own old replica still serves from) is deferred with
 ``Reason.CHURN_BUDGET`` rather than dropping capacity.
 
-Multinode conventions: a group of ``nodes_per_group * gpus_per_node`` GPUs is
-one replica of the model; each member GPU carries a ``Replica`` / assignment
-with profile ``"whole"`` and start 0; member ids are ``"<group>-<i>"`` with
-group id ``"<model>-g<k>"`` (``group_of`` recovers it). A GPU is switched to
-whole-GPU mode by ``REPARTITION`` with ``profile="whole"`` and ``layout=()``.
+Multinode groups (``planner_multinode``): one CREATE per member GPU, the
+whole group selected or deferred together under the churn budget.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from autoscaler.mig.layout import Placement, check_layout
 from autoscaler.policy.types import (
@@ -43,130 +41,17 @@ from autoscaler.policy.types import (
 if TYPE_CHECKING:  # pragma: no cover
     from autoscaler.policy.packing import GpuWork
 
-WHOLE = "whole"
-HEALTHY = (ReplicaState.READY, ReplicaState.STARTING)
+from autoscaler.policy.planner_multinode import HEALTHY, WHOLE, Groups, group_of
+
 # Deletes that replace capacity: they wait until the model's new replicas are ready.
 REPLACING = (Reason.PROFILE_EFFICIENCY, Reason.CONSOLIDATE, Reason.HIGH_AVAILABILITY)
-
-
-def group_of(replica_id: str) -> str:
-    """The group id of a multinode member replica (``"llm-g0-1"`` -> ``"llm-g0"``)."""
-    return replica_id.rsplit("-", 1)[0]
-
-
-# ---------------------------------------------------------------- multinode
-
-
-class Groups:
-    def __init__(self) -> None:
-        self.kept: dict[str, list[str]] = {}  # model -> group ids
-        self.new: list[tuple[str, str, list[str]]] = []  # (model, group id, member gpu ids)
-        self.reasons: dict[str, list[Reason]] = {}
-        self.target: dict[str, int] = {}  # model -> groups wanted
-        self.gcap: dict[str, float] = {}
-
-
-def plan_multinode(models: Sequence[ModelSpec], demand_rps: Mapping[str, float], cluster: ClusterState,
-                   gpus: list["GpuWork"], by_id: dict[str, "GpuWork"], removed: dict[str, Reason]) -> Groups:
-    out = Groups()
-    used_ids = {r.id for r in cluster.replicas}
-    for spec in sorted(models, key=lambda s: (-s.priority, s.name)):
-        why = out.reasons.setdefault(spec.name, [])
-        size = max(1, spec.nodes_per_group) * max(1, spec.gpus_per_node)
-        gcap = float(spec.group_capacity_rps or 0.0)
-        out.gcap[spec.name] = gcap
-        members: dict[str, list[Replica]] = {}
-        for r in cluster.replicas:
-            if r.model == spec.name:
-                members.setdefault(group_of(r.id), []).append(r)
-        healthy: list[str] = []
-        for gid, reps in sorted(members.items()):
-            ok = len(reps) == size and all(r.state in HEALTHY and r.gpu in by_id for r in reps)
-            if ok:
-                healthy.append(gid)
-            else:
-                for r in reps:
-                    removed[r.id] = Reason.REPLACE_FAILED
-                why.append(Reason.REPLACE_FAILED)
-        d = demand_rps.get(spec.name)
-        floor = min(max(spec.min_replicas, 2 if spec.high_availability else 0), spec.max_replicas)
-        if d is None:
-            want = max(len(healthy), floor)
-            why.append(Reason.HOLD_MISSING_METRICS)
-        elif gcap <= 0:
-            want = floor
-        else:
-            want = max(floor, math.ceil(max(0.0, float(d)) / gcap - 1e-9))
-        if want > spec.max_replicas:
-            want = spec.max_replicas
-            why.append(Reason.MAX_REPLICAS)
-        out.target[spec.name] = want
-        # READY groups first, then ids: scale-down removes the newest.
-        healthy.sort(key=lambda gid: (not all(r.state is ReplicaState.READY for r in members[gid]), gid))
-        keep, drop = healthy[:want], healthy[want:]
-        for gid in drop:
-            for r in members[gid]:
-                removed[r.id] = Reason.SCALE_DOWN_DEMAND
-            why.append(Reason.SCALE_DOWN_DEMAND)
-        out.kept[spec.name] = keep
-        for gid in keep:
-            for r in members[gid]:
-                w = by_id[r.gpu]
-                w.whole = spec.name
-                w.hard = {}
-                w.soft = set()
-        for gid, reps in members.items():
-            if gid in keep:
-                continue
-            for r in reps:
-                w = by_id.get(r.gpu)
-                if w is not None and w.whole is None:
-                    # Still serving until deleted: nothing new may use it yet.
-                    w.blocked[0] = Placement(0, w.product.full.name)
-        k = 0
-        for _ in range(want - len(keep)):
-            chosen = _pick_group(spec, gpus)
-            if chosen is None:
-                why.append(Reason.SHORTFALL)
-                break
-            while f"{spec.name}-g{k}-0" in used_ids or any(f"{spec.name}-g{k}" == g for g in members):
-                k += 1
-            gid = f"{spec.name}-g{k}"
-            k += 1
-            for w in chosen:
-                w.whole = spec.name
-                w.soft = set()
-            out.new.append((spec.name, gid, [w.id for w in chosen]))
-            if Reason.SCALE_UP_DEMAND not in why:
-                why.append(Reason.SCALE_UP_DEMAND)
-    return out
-
-
-def _pick_group(spec: ModelSpec, gpus: list["GpuWork"]) -> list["GpuWork"] | None:
-    """nodes_per_group distinct nodes x gpus_per_node free RDMA GPUs, one fabric if possible."""
-    free = [w for w in gpus if w.rdma and not w.hard and not w.blocked and w.whole is None]
-    npg, gpn = max(1, spec.nodes_per_group), max(1, spec.gpus_per_node)
-    fabrics: dict[str | None, int] = {}
-    for w in free:
-        fabrics[w.fabric] = fabrics.get(w.fabric, 0) + 1
-    order = sorted(fabrics, key=lambda f: (f != spec.fabric, -fabrics[f], str(f)))
-    for fab in [*order, "*any*"]:
-        pool = [w for w in free if fab == "*any*" or w.fabric == fab]
-        by_node: dict[str, list["GpuWork"]] = {}
-        for w in pool:
-            by_node.setdefault(w.node, []).append(w)
-        # Fullest-fit nodes first keeps whole nodes free for bigger groups.
-        nodes = sorted((n for n, ws in by_node.items() if len(ws) >= gpn), key=lambda n: (len(by_node[n]), n))
-        if len(nodes) >= npg:
-            return [w for n in nodes[:npg] for w in sorted(by_node[n], key=lambda w: w.order)[:gpn]]
-    return None
 
 
 # ---------------------------------------------------------------- finishing the plan
 
 
 class _Create:
-    __slots__ = ("model", "profile", "gpu", "start", "reason", "tier2", "group", "rid", "order")
+    __slots__ = ("gpu", "group", "model", "order", "profile", "reason", "rid", "start", "tier2")
 
     def __init__(self, model: str, profile: str, gpu: str, start: int, reason: Reason, tier2: bool,
                  group: str | None, order: int) -> None:
@@ -175,7 +60,7 @@ class _Create:
         self.rid: str | None = None
 
 
-def finish(*, now_s: float, cluster: ClusterState, gpus: list["GpuWork"], work: dict, groups: Groups,
+def finish(*, now_s: float, cluster: ClusterState, gpus: list[GpuWork], work: dict, groups: Groups,
            removed: dict[str, Reason], placed_tier2: set, moved: set, churn_budget: int | None,
            demand_rps: Mapping[str, float], specs: Mapping[str, ModelSpec]) -> Plan:
     by_id = {g.id: g for g in gpus}
@@ -212,9 +97,17 @@ def finish(*, now_s: float, cluster: ClusterState, gpus: list["GpuWork"], work: 
     reasons: dict[str, list[Reason]] = {n: list(m.reasons) for n, m in work.items()}
     for n, rs in groups.reasons.items():
         reasons[n] = list(rs)
+    caps = {n: sp.capacity for n, sp in specs.items()}
+    target: dict[str, float] = {}
+    for name in specs:
+        d = demand_rps.get(name)
+        m = work.get(name)
+        if d is None and m is not None and m.demand is not None:
+            d = m.demand
+        target[name] = max(0.0, float(d)) if d is not None else math.inf
     while True:
         _apply_selection(gpus, by_id, creates, sel_c, removed, sel_d, replicas, groups)
-        actions, stuck = _order(gpus, by_id, creates, sel_c, removed, sel_d, replicas, cluster)
+        actions, stuck = _order(gpus, by_id, creates, sel_c, removed, sel_d, replicas, cluster, caps, target)
         if not stuck:
             break
         for c in stuck[0]:
@@ -322,7 +215,7 @@ def finish(*, now_s: float, cluster: ClusterState, gpus: list["GpuWork"], work: 
 
 
 def _select(creates: list[_Create], removed: dict[str, Reason], replicas: dict[str, Replica],
-            by_id: dict[str, "GpuWork"], budget: int | None, work: dict, demand_rps: Mapping[str, float],
+            by_id: dict[str, GpuWork], budget: int | None, work: dict, demand_rps: Mapping[str, float],
             full_cap: dict[str, float]) -> tuple[set[int], set[str], set[str]]:
     """Which creates / deletes happen this tick (all of them without a budget)."""
     if budget is None:
@@ -396,7 +289,7 @@ def _select(creates: list[_Create], removed: dict[str, Reason], replicas: dict[s
     return sel_c, sel_d, deferred
 
 
-def _overlap(g: "GpuWork", c: _Create, r: Replica) -> bool:
+def _overlap(g: GpuWork, c: _Create, r: Replica) -> bool:
     if c.group is not None or r.profile == WHOLE:
         return True
     pc, pr = g.product.profiles[c.profile], g.product.profiles.get(r.profile)
@@ -405,7 +298,7 @@ def _overlap(g: "GpuWork", c: _Create, r: Replica) -> bool:
     return c.start < r.start + pr.mem_slots and r.start < c.start + pc.mem_slots
 
 
-def _apply_selection(gpus: list["GpuWork"], by_id: dict[str, "GpuWork"], creates: list[_Create], sel_c: set[int],
+def _apply_selection(gpus: list[GpuWork], by_id: dict[str, GpuWork], creates: list[_Create], sel_c: set[int],
                      removed: dict[str, Reason], sel_d: set[str], replicas: dict[str, Replica], groups: Groups) -> None:
     """Drop deferred creates from the target; put deferred deletes back in it."""
     for c in creates:
@@ -428,7 +321,7 @@ def _apply_selection(gpus: list["GpuWork"], by_id: dict[str, "GpuWork"], creates
             g.blocked.pop(r.start, None)
 
 
-def _final_layout(g: "GpuWork") -> tuple[Placement, ...]:
+def _final_layout(g: GpuWork) -> tuple[Placement, ...]:
     """Occupied instances, plus every current instance that still fits beside them."""
     if g.whole is not None:
         return ()
@@ -441,8 +334,9 @@ def _final_layout(g: "GpuWork") -> tuple[Placement, ...]:
     return tuple(sorted(layout))
 
 
-def _order(gpus: list["GpuWork"], by_id: dict[str, "GpuWork"], creates: list[_Create], sel_c: set[int],
-           removed: dict[str, Reason], sel_d: set[str], replicas: dict[str, Replica], cluster: ClusterState
+def _order(gpus: list[GpuWork], by_id: dict[str, GpuWork], creates: list[_Create], sel_c: set[int],
+           removed: dict[str, Reason], sel_d: set[str], replicas: dict[str, Replica], cluster: ClusterState,
+           caps: Mapping[str, Mapping[str, float]], target: Mapping[str, float]
            ) -> tuple[list[Action], tuple[list[_Create], list[str]] | None]:
     mig_on = {g.id: g.mig_enabled for g in cluster.gpus}
     # REPARTITION per GPU whose layout or mode changes.
@@ -481,14 +375,28 @@ def _order(gpus: list["GpuWork"], by_id: dict[str, "GpuWork"], creates: list[_Cr
         else:
             c_rep[c.order] = None
             c_deps[c.order] = {rid for rid in sel_d if replicas[rid].gpu == c.gpu and _overlap(g, c, replicas[rid])}
-    by_model_c: dict[str, list[int]] = {}
-    for c in creates:
-        if c.order in sel_c:
-            by_model_c.setdefault(c.model, []).append(c.order)
-    d_deps: dict[str, set[int]] = {}
+    # Make-before-break by capacity: a serving replica is drained only while
+    # its model keeps at least min(capacity before, capacity after, target)
+    # req/s from replicas that are ready. Worked number: 2 x 7g (279 req/s)
+    # becoming 2 x 1g (112) for a target of 106: after one new 1g is ready
+    # (335), one 7g may go (195 >= 106); the second waits for the second 1g.
+    def rps(model: str, profile: str) -> float:
+        return float(caps.get(model, {}).get(profile, 0.0))
+
+    serving: dict[str, float] = {}
+    for r in replicas.values():
+        if r.state in HEALTHY and r.profile != WHOLE:
+            serving[r.model] = serving.get(r.model, 0.0) + rps(r.model, r.profile)
+    after = dict(serving)
     for rid in sel_d:
         r = replicas[rid]
-        d_deps[rid] = set(by_model_c.get(r.model, [])) if removed[rid] in REPLACING and r.state in HEALTHY else set()
+        if r.state in HEALTHY and r.profile != WHOLE:
+            after[r.model] = after.get(r.model, 0.0) - rps(r.model, r.profile)
+    for c in creates:
+        if c.order in sel_c and c.profile != WHOLE:
+            after[c.model] = after.get(c.model, 0.0) + rps(c.model, c.profile)
+    floor = {m: min(serving.get(m, 0.0), after.get(m, 0.0), target.get(m, 0.0)) for m in set(serving) | set(after)}
+    d_deps: dict[str, set[int]] = {rid: set() for rid in sel_d}
     done_c: set[int] = set()
     done_d: set[str] = set()
     done_r: set[str] = set()
@@ -512,8 +420,19 @@ def _order(gpus: list["GpuWork"], by_id: dict[str, "GpuWork"], creates: list[_Cr
             actions.append(Action(ActionKind.WAIT_READY, c.reason, gpu=c.gpu, model=c.model, profile=c.profile,
                                   start=c.start, replica=str(o)))
             done_c.add(o)
+            if c.profile != WHOLE:
+                serving[c.model] = serving.get(c.model, 0.0) + rps(c.model, c.profile)
             progress = progress or True
-        dw = [rid for rid in sorted(d_deps) if rid not in done_d and d_deps[rid] <= done_c]
+        dw = []
+        for rid in sorted(d_deps):
+            if rid in done_d:
+                continue
+            r = replicas[rid]
+            c = rps(r.model, r.profile) if r.state in HEALTHY and r.profile != WHOLE else 0.0
+            if c and serving.get(r.model, 0.0) - c < floor.get(r.model, 0.0) - 1e-9:
+                continue
+            serving[r.model] = serving.get(r.model, 0.0) - c
+            dw.append(rid)
         for rid in dw:
             r = replicas[rid]
             if r.state in HEALTHY:

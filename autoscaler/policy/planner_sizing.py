@@ -21,10 +21,10 @@ slices, 508 req/s) rather than one 7g (7 slices, 192 req/s is not even enough).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import combinations_with_replacement
-from typing import Iterable, Mapping
 
 from autoscaler.mig.products import Product
 from autoscaler.policy.types import ModelSpec
@@ -184,34 +184,54 @@ def _min_slices(demand: float, options: list[ProfileOption]) -> dict[str, int]:
 def _bounded(demand: float, options: list[ProfileOption], ceiling: int) -> dict[str, int]:
     """At most ``ceiling`` replicas: fewest slices meeting demand, else most capacity.
 
-    A DP over (replicas, slices); only used when ``max_replicas`` binds, where
-    ``ceiling`` is small (a max_replicas of 16 -> 16 x 112 states).
+    Only used when ``max_replicas`` binds. The frontier of (slices -> most
+    capacity) for up to ``ceiling`` replicas does not depend on the demand,
+    so it is cached per capacity table: the next tick reuses it.
     """
     if ceiling <= 0:
         return {}
-    max_c = max(o.compute for o in options)
-    smax = ceiling * max_c
-    # dp[s] = (cap, counts) with exactly s slices and <= r replicas, built r by r.
-    dp: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, tuple(0 for _ in options))}
+    key = tuple((o.name, o.cap, o.compute) for o in options)
+    frontier = _frontier(key, ceiling)
+    for slices, cap, counts in frontier:  # ascending slices, ascending capacity
+        if cap >= demand - EPS:
+            return {name: c for (name, _cap, _comp), c in zip(key, counts) if c}
+    _s, _cap, counts = max(frontier, key=lambda t: (t[1], -t[0]))
+    return {name: c for (name, _cap, _comp), c in zip(key, counts) if c}
+
+
+@lru_cache(maxsize=4096)
+def _frontier(key: tuple[tuple[str, float, int], ...], ceiling: int) -> tuple[tuple[int, float, tuple[int, ...]], ...]:
+    """Every undominated mix of <= ``ceiling`` replicas, by ascending slices.
+
+    A mix is dominated when another has no more slices, no more replicas and
+    at least the capacity; pruning those after every round keeps the DP small
+    and exact (replicas are part of the test because a mix with fewer of them
+    can still grow).
+    """
+    zero = tuple(0 for _ in key)
+    states: list[tuple[int, int, float, tuple[int, ...]]] = [(0, 0, 0.0, zero)]
     for _ in range(ceiling):
-        nxt = dict(dp)
-        for s, (cap, counts) in dp.items():
-            for i, o in enumerate(options):
-                s2 = s + o.compute
-                if s2 > smax:
-                    continue
+        cand = list(states)
+        for s, n, cap, counts in states:
+            for i, (_name, c, comp) in enumerate(key):
                 c2 = list(counts)
                 c2[i] += 1
-                cand = (cap + o.cap, tuple(c2))
-                if s2 not in nxt or cand[0] > nxt[s2][0] + EPS:
-                    nxt[s2] = cand
-        dp = nxt
-    meeting = [(s, v) for s, v in dp.items() if v[0] >= demand - EPS]
-    if meeting:
-        _s, (_cap, counts) = min(meeting, key=lambda sv: (sv[0], sum(sv[1][1]), -sv[1][0]))
-    else:
-        _s, (_cap, counts) = max(dp.items(), key=lambda sv: (sv[1][0], -sv[0]))
-    return {o.name: c for o, c in zip(options, counts) if c}
+                cand.append((s + comp, n + 1, cap + c, tuple(c2)))
+        cand.sort(key=lambda t: (t[0], t[1], -t[2]))
+        best = [-1.0] * (ceiling + 1)  # best[k]: most capacity kept so far with <= k replicas
+        kept = []
+        for st in cand:
+            _s, n, cap, _counts = st
+            if cap > best[n] + EPS:
+                kept.append(st)
+                for k in range(n, ceiling + 1):
+                    if cap > best[k]:
+                        best[k] = cap
+        if len(kept) == len(states):
+            states = kept
+            break
+        states = kept
+    return tuple((s, cap, counts) for s, _n, cap, counts in states)
 
 
 def mix_capacity(mix: Mapping[str, int], options: list[ProfileOption]) -> float:

@@ -87,7 +87,7 @@ def test_build_backend_from_cluster_yaml_is_leader_elected(fake):
         assert lease["spec"]["holderIdentity"] == "ctl-1"
         assert fake.get("Deployment", "resnet-3g-40gb", cluster.namespace)["spec"]["replicas"] == 2
         hpa = fake.get("HorizontalPodAutoscaler", "resnet-3g-40gb", cluster.namespace)
-        assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 60  # from cluster.yaml
+        assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 30  # from cluster.yaml
         assert all(r.user_agent == "migscale/ctl-1" for r in fake.writes())
     finally:
         be.rest.close()

@@ -105,7 +105,7 @@ def test_hpa_behavior_comes_from_cluster_policy(example):
         h for h in by(objs, "HorizontalPodAutoscaler") if h["spec"]["scaleTargetRef"]["kind"] == "Deployment"
     )
     down = hpa["spec"]["behavior"]["scaleDown"]
-    assert down["stabilizationWindowSeconds"] == cluster.policy.scale_down.stabilization_window_s == 60
+    assert down["stabilizationWindowSeconds"] == cluster.policy.scale_down.stabilization_window_s == 30
     up = hpa["spec"]["behavior"]["scaleUp"]
     assert up["selectPolicy"] == "Max"
     assert {(p["type"], p["value"], p["periodSeconds"]) for p in up["policies"]} == {

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from autoscaler.fakes import RecordingActuator, single_gpu_cluster, stub_planner
+from autoscaler.config import policy_config
 from autoscaler.policy.decide import PolicyConfig, PolicyState, decide, observe_only
 from autoscaler.policy.hpa import DEFAULT_SCALE_UP, ScalingRules, SelectPolicy
 from autoscaler.policy.types import (
@@ -285,7 +286,7 @@ def test_from_config_reads_policy_section():
             },
         }
     )
-    cfg = PolicyConfig.from_config(models, cl)
+    cfg = policy_config(models, cl)
     assert cfg.tick_s == 2 and cfg.headroom == 0.5 and cfg.short_window_s == 4
     assert cfg.slo_p99_ms == {"resnet": 40}
     assert cfg.spec("resnet").capacity == {"1g.10gb": 120}

@@ -1,0 +1,173 @@
+"""``migscale api``: the metrics API on its own, for Kubernetes (behind an APIService).
+
+In Kubernetes the HPA is the scaling actuator; this process observes
+(Prometheus: Triton + DCGM series), decides (the same pure ``decide`` as the
+local controller) and exports the result through ``custom.metrics.k8s.io`` /
+``external.metrics.k8s.io``. The cluster state comes from the Kubernetes API
+(``--inventory kubernetes``, in-cluster config or kubeconfig) or, for a dry
+look, from cluster.yaml (``--inventory config``).
+
+It refuses to serve plain HTTP unless ``--insecure-http`` is given: the
+aggregator must reach it over TLS and authenticate with its front-proxy
+client certificate (``--client-ca``, ``--requestheader-allowed-names``).
+Without a client certificate only ``/healthz`` and ``/readyz`` answer (the
+kubelet's probes); ``--strict-client-auth`` refuses such connections at the
+handshake instead.
+Bad input exits 2 with one line naming the option and value.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Annotated, Any
+
+import typer
+
+from autoscaler.commands._common import fail, load_or_exit
+
+EXAMPLE = """
+Example (in the Deployment of k8s/, certificates from a Secret):
+
+  migscale api /etc/migscale/models.yaml /etc/migscale/cluster.yaml \\
+      --host 0.0.0.0 --port 6443 --tls-cert /tls/tls.crt --tls-key /tls/tls.key \\
+      --client-ca /requestheader/ca.crt --requestheader-allowed-names front-proxy-client \\
+      --prometheus http://prometheus-k8s.monitoring:9090 --inventory kubernetes
+
+Local look without TLS:  migscale api examples/models.yaml examples/cluster.yaml --insecure-http --port 8080
+"""
+
+
+def _feeder(state: Any, models_cfg: Any, cluster_cfg: Any, prometheus: str, inventory: str,
+            stop: threading.Event) -> threading.Thread:
+    """Observe -> decide -> publish, every tick, until ``stop``; never raises out of the thread."""
+    from autoscaler.config import initial_cluster_state, policy_config
+    from autoscaler.observe.prometheus import PrometheusSource
+    from autoscaler.policy.decide import PolicyState, decide
+    from autoscaler.policy.types import Observation, Reason
+
+    cfg = policy_config(models_cfg, cluster_cfg)
+    source = PrometheusSource(prometheus, metrics_stale_s=cfg.metrics_stale_s)
+    if inventory == "kubernetes":
+        from autoscaler.act.k8s_client import KubeRest
+        from autoscaler.act.k8s_inventory import KubeInventory
+        from autoscaler.act.k8s_render import RenderConfig
+
+        kube = KubeInventory(KubeRest.connect(user_agent="migscale-api"),
+                             RenderConfig(namespace=cluster_cfg.namespace))
+        snapshot = kube.snapshot
+    else:
+        static = initial_cluster_state(cluster_cfg)
+
+        def snapshot():  # type: ignore[no-untyped-def]
+            return static
+
+    def run() -> None:
+        pstate = PolicyState()
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            now = time.time()
+            notes: list[str] = []
+            try:
+                cluster = snapshot()
+            except Exception as exc:  # noqa: BLE001 - inventory down: keep serving the last tick (HPA keeps its count)
+                typer.echo(f"migscale api: inventory failed: {type(exc).__name__}: {exc}", err=True)
+                stop.wait(cfg.tick_s)
+                continue
+            names = [m.name for m in cfg.models]
+            source_ok = True
+            try:
+                models, replicas = source.read(names, [r.id for r in cluster.replicas], now)
+            except Exception as exc:  # noqa: BLE001 - a metrics outage holds every model (decide's rule)
+                source_ok, models, replicas = False, {}, {}
+                notes.append(f"{Reason.HOLD_MISSING_METRICS.value}: {type(exc).__name__}: {exc}")
+            obs = Observation(now, cluster, dict(models), dict(replicas), source_ok, tuple(notes))
+            t1 = time.perf_counter()
+            try:
+                plan, pstate = decide(obs, pstate, cfg, now)
+            except Exception as exc:  # noqa: BLE001 - a bug must not take the API down; keep the last plan
+                typer.echo(f"migscale api: decide failed: {type(exc).__name__}: {exc}", err=True)
+                stop.wait(cfg.tick_s)
+                continue
+            t2 = time.perf_counter()
+            state.update(obs, plan, cluster, cfg.models, slo_p99_ms=cfg.slo_p99_ms,
+                         tick_duration_s=time.perf_counter() - t0, plan_duration_s=t2 - t1)
+            stop.wait(cfg.tick_s)
+
+    th = threading.Thread(target=run, name="migscale-api-feeder", daemon=True)
+    th.start()
+    return th
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("api", help="Serve the metrics API for the HPA (Kubernetes mode)." + EXAMPLE)
+    def api(
+        models: Annotated[str, typer.Argument(help="models.yaml")],
+        cluster: Annotated[str, typer.Argument(help="cluster.yaml")],
+        host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
+        port: Annotated[int, typer.Option(help="port to bind (0: a free one)", min=0, max=65535)] = 6443,
+        tls_cert: Annotated[str | None, typer.Option("--tls-cert", help="serving certificate (PEM)")] = None,
+        tls_key: Annotated[str | None, typer.Option("--tls-key", help="its private key (PEM)")] = None,
+        client_ca: Annotated[str | None, typer.Option(
+            "--client-ca", help="CA that signs client certificates (the requestheader CA); required client certs"
+        )] = None,
+        allowed_names: Annotated[str | None, typer.Option(
+            "--requestheader-allowed-names", help="comma-separated client certificate CNs to accept"
+        )] = None,
+        strict_client_auth: Annotated[bool, typer.Option(
+            "--strict-client-auth",
+            help="refuse connections without a client certificate at the TLS handshake, /healthz and "
+                 "/readyz included (default: those two stay open for the kubelet's probes, every "
+                 "other path answers 401)",
+        )] = False,
+        insecure_http: Annotated[bool, typer.Option(
+            "--insecure-http", help="serve plain HTTP without TLS (never in a real cluster)"
+        )] = False,
+        prometheus: Annotated[str | None, typer.Option(
+            help="Prometheus URL to observe; without it only config-derived values are served"
+        )] = None,
+        inventory: Annotated[str, typer.Option(help="cluster state from: kubernetes | config")] = "config",
+    ) -> None:
+        from autoscaler.api import ApiState, TlsSettings, create_app
+        from autoscaler.api.server import serve_forever
+        from autoscaler.api.tls import PROBE_PATHS, TlsConfigError
+        from autoscaler.config import initial_cluster_state, model_specs
+
+        if inventory not in ("kubernetes", "config"):
+            fail([f"--inventory: must be kubernetes or config, got {inventory!r}"])
+        names = tuple(n.strip() for n in (allowed_names or "").split(",") if n.strip())
+        tls = None
+        if tls_cert or tls_key or client_ca:
+            if not (tls_cert and tls_key):
+                which = "--tls-key" if tls_cert else "--tls-cert"
+                fail([f"{which}: required together with --tls-cert/--tls-key, got nothing"])
+            tls = TlsSettings(tls_cert, tls_key, client_ca, names,  # type: ignore[arg-type]
+                              open_paths=() if strict_client_auth else PROBE_PATHS)
+            try:
+                tls.check()
+            except TlsConfigError as exc:
+                fail([str(exc)])
+        elif not insecure_http:
+            fail([("migscale api: refusing to serve without TLS: give --tls-cert and --tls-key "
+                   "(and --client-ca for the aggregator's client certificate), or --insecure-http")])
+        elif names:
+            fail([f"--requestheader-allowed-names: needs --client-ca and TLS, got {allowed_names!r}"])
+        models_cfg, cluster_cfg = load_or_exit(models, cluster)
+        state = ApiState(namespace=cluster_cfg.namespace)
+        specs = model_specs(models_cfg, cluster_cfg)
+        slos = {m.name: float(m.slo.p99_ms) for m in models_cfg.models}
+        # config only: GPUs and models are known, no plan -> no replica ratio is served (absent, not 0)
+        state.update(None, None, initial_cluster_state(cluster_cfg), specs, slo_p99_ms=slos, t_s=time.time())
+        stop = threading.Event()
+        if prometheus:
+            _feeder(state, models_cfg, cluster_cfg, prometheus, inventory, stop)
+        else:
+            typer.echo("migscale api: no --prometheus: serving config-derived values only", err=True)
+        scheme = "https" if tls else "http"
+        typer.echo(f"migscale api: serving {scheme}://{host}:{port} (namespace {cluster_cfg.namespace})", err=True)
+        try:
+            serve_forever(create_app(state), host, port, tls)
+        except OSError as exc:
+            fail([f"--port: cannot bind {host}:{port}: {exc.strerror or exc}"])
+        finally:
+            stop.set()

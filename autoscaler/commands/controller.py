@@ -1,0 +1,393 @@
+"""``migscale controller``: the control loop on a Kubernetes cluster (the controller pod's command).
+
+Wires :class:`autoscaler.k8s_controller.KubernetesController`: the Kubernetes
+backend (in-cluster config, kubeconfig, or ``--kube-host``), Prometheus as the
+metrics source, the leader-elected loop, and the metrics API the HPA reads
+through the APIService registrations -- all in one process, so the values
+served are the ones the loop decided on.
+
+Like ``migscale api`` it refuses to serve plain HTTP unless ``--insecure-http``
+is given. ``--once`` runs one tick, prints what it did as JSON and exits
+(no API server, so no TLS needed); with ``--dry-run`` that tick decides but
+writes nothing, not even the Lease: a look at what migscale would do.
+Bad input exits 2 with one line naming the option and value; SIGTERM stops
+the loop and releases the Lease so a follower takes over within ~5 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+from typing import Annotated, Any
+
+import typer
+
+from autoscaler.commands._common import _prefixed, fail
+
+# validate_pair's checks that model_dir exists on disk: on Kubernetes the model
+# repository is a volume of the Triton pods (k8s_render: --model-repository=/models),
+# never of the controller pod, so those two checks do not apply here.
+_LOCAL_ONLY = (".model_dir: no such directory", ".model_dir: no config.pbtxt")
+
+EXAMPLE = """
+Example (the container args in k8s/base/deployment.yaml):
+
+  migscale controller /etc/migscale/models.yaml /etc/migscale/cluster.yaml \\
+      --backend kubernetes --leader-elect \\
+      --prometheus http://prometheus-k8s.monitoring.svc:9090 \\
+      --host 0.0.0.0 --port 6443 \\
+      --tls-cert /var/run/serving-cert/tls.crt --tls-key /var/run/serving-cert/tls.key \\
+      --client-ca-from-cluster
+
+What would it do now? One tick against the cluster in your kubeconfig that
+writes nothing (prints the decision as JSON, serves nothing):
+
+  migscale controller examples/models.yaml examples/cluster.yaml --once --dry-run \\
+      --prometheus http://127.0.0.1:9090
+"""
+
+
+def _tls_or_exit(
+    tls_cert: str | None,
+    tls_key: str | None,
+    client_ca: str | None,
+    allowed_names: str | None,
+    insecure_http: bool,
+    serving: bool,
+    strict_client_auth: bool = False,
+) -> Any:
+    """TlsSettings, None for plain HTTP (only with --insecure-http), or exit 2."""
+    from autoscaler.api.tls import PROBE_PATHS, TlsConfigError, TlsSettings
+
+    names = tuple(n.strip() for n in (allowed_names or "").split(",") if n.strip())
+    if tls_cert or tls_key or client_ca:
+        if not (tls_cert and tls_key):
+            which = "--tls-key" if tls_cert else "--tls-cert"
+            fail([f"{which}: required together with --tls-cert/--tls-key, got nothing"])
+        # the kubelet's probes carry no client certificate: /healthz and /readyz stay open
+        open_paths = () if strict_client_auth else PROBE_PATHS
+        tls = TlsSettings(tls_cert, tls_key, client_ca, names, open_paths=open_paths)  # type: ignore[arg-type]
+        try:
+            tls.check()
+        except TlsConfigError as exc:
+            fail([str(exc)])
+        return tls
+    if names:
+        fail([f"--requestheader-allowed-names: needs --client-ca and TLS, got {allowed_names!r}"])
+    if serving and not insecure_http:
+        fail(
+            [
+                (
+                    "migscale controller: refusing to serve the metrics API without TLS: give --tls-cert and "
+                    "--tls-key (and --client-ca or --client-ca-from-cluster for the aggregator's client "
+                    "certificate), or --insecure-http"
+                )
+            ]
+        )
+    return None
+
+
+AUTH_CM = ("kube-system", "extension-apiserver-authentication")
+
+
+def cluster_client_ca(rest: Any, tls: Any) -> Any:
+    """``tls`` with the aggregator's client CA (and allowed names) read from the cluster, or exit 2.
+
+    The API server publishes its front-proxy CA in the ConfigMap
+    kube-system/extension-apiserver-authentication (key
+    ``requestheader-client-ca-file``, with ``requestheader-allowed-names`` as a
+    JSON list); k8s/base grants read on it. It cannot be mounted into a pod of
+    another namespace, so it is written to a private temporary file. Explicit
+    ``--requestheader-allowed-names`` win over the ConfigMap's.
+    """
+    import dataclasses
+    import tempfile
+    from pathlib import Path
+
+    from autoscaler.act.k8s_client import KubeError
+
+    where = f"{AUTH_CM[0]}/{AUTH_CM[1]}"
+    try:
+        cm = rest.get("v1", "ConfigMap", *AUTH_CM)
+    except KubeError as exc:
+        fail([f"--client-ca-from-cluster: cannot read ConfigMap {where}: {exc}"])
+    data = (cm or {}).get("data") or {}
+    pem = data.get("requestheader-client-ca-file")
+    if not pem:
+        fail(
+            [
+                (
+                    f"--client-ca-from-cluster: ConfigMap {where} has no requestheader-client-ca-file "
+                    f"(is the aggregation layer enabled?), got keys {sorted(data)!r}"
+                )
+            ]
+        )
+    names = tls.allowed_names
+    if not names:
+        raw = data.get("requestheader-allowed-names") or "[]"
+        try:
+            names = tuple(str(n) for n in json.loads(raw))
+        except (ValueError, TypeError):
+            fail(
+                [
+                    f"--client-ca-from-cluster: requestheader-allowed-names in {where} is not a JSON list, got {raw!r}"
+                ]
+            )
+    path = Path(tempfile.mkdtemp(prefix="migscale-ca-")) / "requestheader-client-ca.crt"
+    path.write_text(pem)
+    return dataclasses.replace(tls, client_ca_file=str(path), allowed_names=names)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        "controller",
+        help="Run the control loop on Kubernetes (leader-elected) and serve the metrics API." + EXAMPLE,
+    )
+    def controller(
+        models: Annotated[str, typer.Argument(help="models.yaml")],
+        cluster: Annotated[str, typer.Argument(help="cluster.yaml")],
+        backend: Annotated[
+            str, typer.Option(help="where replicas live: kubernetes (the local backend is `migscale up`)")
+        ] = "kubernetes",
+        leader_elect: Annotated[
+            bool,
+            typer.Option(
+                "--leader-elect/--no-leader-elect",
+                help="act only while holding the migscale-controller Lease (run 2 replicas with it on)",
+            ),
+        ] = True,
+        identity: Annotated[
+            str | None,
+            typer.Option(help="this replica's name in the Lease (default: $POD_NAME, else the hostname)"),
+        ] = None,
+        lease_namespace: Annotated[
+            str | None,
+            typer.Option(
+                "--lease-namespace",
+                help="namespace of the Lease (default: $POD_NAMESPACE, else cluster.yaml's)",
+            ),
+        ] = None,
+        prometheus: Annotated[
+            str | None,
+            typer.Option(help="Prometheus URL; without it every tick is blind and every model holds"),
+        ] = None,
+        rate_window: Annotated[
+            float,
+            typer.Option(
+                "--rate-window",
+                min=1.0,
+                help="PromQL rate window, seconds; keep >= 4 scrape intervals (15 s PodMonitor -> 60)",
+            ),
+        ] = 60.0,
+        kube_host: Annotated[
+            str | None,
+            typer.Option(
+                "--kube-host",
+                help="API server URL (no auth; tests, kubectl proxy); default in-cluster, else kubeconfig",
+            ),
+        ] = None,
+        host: Annotated[str, typer.Option(help="address the metrics API binds")] = "127.0.0.1",
+        port: Annotated[
+            int, typer.Option(help="port the metrics API binds (0: a free one)", min=0, max=65535)
+        ] = 6443,
+        tls_cert: Annotated[str | None, typer.Option("--tls-cert", help="serving certificate (PEM)")] = None,
+        tls_key: Annotated[str | None, typer.Option("--tls-key", help="its private key (PEM)")] = None,
+        client_ca: Annotated[
+            str | None,
+            typer.Option(
+                "--client-ca",
+                help="CA that signs client certificates (the requestheader CA); "
+                "client certificates are then required",
+            ),
+        ] = None,
+        allowed_names: Annotated[
+            str | None,
+            typer.Option(
+                "--requestheader-allowed-names", help="comma-separated client certificate CNs to accept"
+            ),
+        ] = None,
+        client_ca_from_cluster: Annotated[
+            bool,
+            typer.Option(
+                "--client-ca-from-cluster",
+                help="take the client CA and allowed names from kube-system/extension-apiserver-authentication "
+                "(what the aggregator's front proxy presents); instead of --client-ca",
+            ),
+        ] = False,
+        strict_client_auth: Annotated[
+            bool,
+            typer.Option(
+                "--strict-client-auth",
+                help="refuse connections without a client certificate at the TLS handshake, /healthz and "
+                "/readyz included (default: those two stay open for the kubelet's probes)",
+            ),
+        ] = False,
+        insecure_http: Annotated[
+            bool,
+            typer.Option("--insecure-http", help="serve plain HTTP without TLS (never in a real cluster)"),
+        ] = False,
+        decision_log: Annotated[
+            str | None,
+            typer.Option(
+                "--decision-log", help="append the leader's decisions as JSON lines (for `migscale explain`)"
+            ),
+        ] = None,
+        dry_run: Annotated[
+            bool,
+            typer.Option(
+                "--dry-run", help="observe and decide, write nothing to the cluster (not even the Lease)"
+            ),
+        ] = False,
+        once: Annotated[
+            bool,
+            typer.Option(
+                "--once", help="run one tick, print it as JSON and exit (no API server); exit 1 if it failed"
+            ),
+        ] = False,
+    ) -> None:
+        if backend != "kubernetes":
+            fail([f"--backend: must be kubernetes (the local backend is `migscale up`), got {backend!r}"])
+        if client_ca_from_cluster and client_ca:
+            fail(
+                [f"--client-ca-from-cluster: give it or --client-ca, not both, got --client-ca {client_ca!r}"]
+            )
+        if client_ca_from_cluster and not (tls_cert and tls_key):
+            fail(["--client-ca-from-cluster: needs --tls-cert and --tls-key, got neither"])
+        tls = _tls_or_exit(
+            tls_cert,
+            tls_key,
+            client_ca,
+            allowed_names,
+            insecure_http,
+            serving=not once,
+            strict_client_auth=strict_client_auth,
+        )
+        models_cfg, cluster_cfg = load_for_cluster(models, cluster)
+
+        from autoscaler.act.k8s_config import build_backend
+        from autoscaler.clock import WallClock
+        from autoscaler.config import model_specs
+        from autoscaler.k8s_controller import KubernetesController
+
+        clock = WallClock()
+        identity = identity or os.environ.get("POD_NAME") or socket.gethostname()
+        try:
+            kube = build_backend(
+                model_specs(models_cfg, cluster_cfg),
+                cluster_cfg,
+                host=kube_host,
+                identity=identity,
+                lease_namespace=lease_namespace,
+                clock=clock,
+            )
+        except Exception as exc:  # noqa: BLE001 - kubernetes.config raises several types; one line each
+            fail(
+                [
+                    (
+                        f"--kube-host: no Kubernetes API to talk to (not in a pod, no kubeconfig, no --kube-host): "
+                        f"{type(exc).__name__}: {exc}"
+                    )
+                ]
+            )
+        if not leader_elect:
+            kube.elector = None  # the backend checks its elector before every write
+        ctl = KubernetesController(
+            kube,
+            _source(prometheus, rate_window, cluster_cfg),
+            models_cfg,
+            cluster_cfg,
+            clock=clock,
+            identity=identity,
+            decision_log=decision_log,
+            dry_run=dry_run,
+        )
+        if once:
+            try:
+                result = ctl.tick()
+                typer.echo(json.dumps(ctl.status(result), indent=2, default=str))
+            finally:
+                ctl.close()
+            raise typer.Exit(0 if result.ok else 1)
+        if client_ca_from_cluster:
+            try:
+                tls = cluster_client_ca(kube.rest, tls)
+            except typer.Exit:
+                ctl.close()
+                raise
+        _serve(ctl, host, port, tls, cluster_cfg.namespace)
+
+
+def load_for_cluster(models_path: str, cluster_path: str) -> tuple[Any, Any]:
+    """``load_or_exit`` without the on-disk model_dir checks; every other problem exits 2."""
+    from autoscaler.config import ConfigError, load_cluster, load_models, validate_pair
+
+    problems: list[str] = []
+    models_cfg = cluster_cfg = None
+    try:
+        models_cfg = load_models(models_path)
+    except ConfigError as exc:
+        problems += _prefixed(models_path, exc.problems)
+    try:
+        cluster_cfg = load_cluster(cluster_path)
+    except ConfigError as exc:
+        problems += _prefixed(cluster_path, exc.problems)
+    if models_cfg is not None and cluster_cfg is not None:
+        pair = validate_pair(models_cfg, cluster_cfg)
+        problems += _prefixed(models_path, [p for p in pair if not any(k in p for k in _LOCAL_ONLY)])
+    if problems or models_cfg is None or cluster_cfg is None:
+        fail(problems)
+    return models_cfg, cluster_cfg
+
+
+def _source(prometheus: str | None, window_s: float, cluster_cfg: Any) -> Any:
+    from autoscaler.observe.prometheus import PrometheusSource, PrometheusUnavailable
+    from autoscaler.observe.queries import Queries
+
+    if prometheus is None:
+        typer.echo("migscale controller: no --prometheus: every tick is blind, every model holds", err=True)
+
+        class NoPrometheus:
+            last_notes: tuple[str, ...] = ()
+
+            def read(self, models: Any, replicas: Any, now_s: float) -> Any:
+                raise PrometheusUnavailable("no --prometheus given")
+
+        return NoPrometheus()
+    # In Kubernetes a replica is a pod: the PodMonitor's series carry `pod`, not `replica`.
+    return PrometheusSource(
+        prometheus,
+        Queries(replica_label="pod"),
+        window_s=window_s,
+        metrics_stale_s=float(cluster_cfg.policy.metrics_stale_s),
+    )
+
+
+def _serve(ctl: Any, host: str, port: int, tls: Any, namespace: str) -> None:
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    try:
+        ctl.start_api(host, port, tls)
+    except (OSError, RuntimeError) as exc:
+        ctl.close()
+        fail([f"--port: cannot serve on {host}:{port}: {exc}"])
+    prev = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    scheme = "https" if tls is not None else "http"
+    typer.echo(
+        f"migscale controller {ctl.identity}: serving {ctl.api.url} ({scheme}), "
+        f"acting in namespace {namespace}",
+        err=True,
+    )
+    try:
+        ctl.run(stop)
+    finally:
+        for s, h in prev.items():
+            signal.signal(s, h)
+        ctl.close()  # releases the Lease: a follower takes over at its next renewal
+        what = ctl.close_error or ("lease released" if ctl.released else "was not the leader")
+        typer.echo(f"migscale controller {ctl.identity}: stopped, {what}", err=True)

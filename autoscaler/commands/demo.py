@@ -1,0 +1,31 @@
+"""``migscale demo``: run the main job end to end on this machine and write a report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from autoscaler.commands._common import load_or_exit
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("demo")
+    def demo(
+        models: Path = typer.Argument(..., help="models.yaml"),
+        cluster: Path = typer.Argument(..., help="cluster.yaml"),
+        results: Path = typer.Option(Path("demo-results"), "--results", help="report folder (replaced)"),
+        live: bool = typer.Option(True, "--live/--no-live", help="redraw the live terminal view"),
+        reaction_s: float = typer.Option(35.0, "--reaction-s", min=0,
+                                         help="seconds after each load rise that are not judged"),
+    ) -> None:
+        """Start the local cluster, drive a locust spike through it, show the scaling live, write a report.
+
+        Exit code 0 only if every model met its SLO outside the reaction windows.
+
+        Example: migscale demo examples/models.yaml examples/cluster.yaml --results demo-results
+        """
+        from autoscaler.demo import run_demo
+
+        models_cfg, cluster_cfg = load_or_exit(models, cluster)
+        raise typer.Exit(run_demo(models, models_cfg, cluster_cfg, results, live=live, reaction_s=reaction_s))

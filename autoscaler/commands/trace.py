@@ -1,0 +1,91 @@
+"""CLI: ``migscale trace generate`` and ``migscale trace show`` -- demand traces for the simulator.
+
+Traces sit before the loop: they are the load the simulator (and a locust
+``trace`` shape) replays. Bad arguments exit 2 with the field and value.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from autoscaler.commands._common import fail
+from autoscaler.sim import traces as tr
+
+trace_app = typer.Typer(help="Generate and inspect demand traces (CSV t_s,model,rps).", no_args_is_help=True)
+
+
+def _models(text: str) -> list[str]:
+    if text.endswith((".yaml", ".yml")):
+        from autoscaler.commands._common import load_models_or_exit
+
+        return [m.name for m in load_models_or_exit(text).models]
+    return [m.strip() for m in text.split(",") if m.strip()]
+
+
+def _mean(text: str, models: list[str]) -> float | dict[str, float]:
+    try:
+        if "=" not in text:
+            return float(text)
+        out: dict[str, float] = {}
+        for part in text.split(","):
+            k, _, v = part.partition("=")
+            out[k.strip()] = float(v)
+        for m in models:
+            out.setdefault(m, out.get("*", 100.0))
+        return out
+    except ValueError:
+        fail([f"--mean-rps: expected a number or NAME=RPS,..., got {text!r}"])
+
+
+def generate(
+    kind: Annotated[str, typer.Argument(help=f"one of: {', '.join(tr.KINDS)}")],
+    models: Annotated[str, typer.Option("--models", help="comma-separated names, or a models.yaml")] = "model",
+    duration: Annotated[str, typer.Option("--duration", help="e.g. 24h, 90m, 3600")] = "24h",
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    mean_rps: Annotated[str, typer.Option("--mean-rps", help="req/s per model: 100, or a=50,b=200")] = "100",
+    step: Annotated[str, typer.Option("--step", help="sample period, e.g. 60s (per-minute counts)")] = "60s",
+    out: Annotated[str, typer.Option("--out", help="CSV path; '-' prints to stdout")] = "-",
+) -> None:
+    """Write a seeded synthetic trace: diurnal, bursty, flash, azure or mixed."""
+    names = _models(models)
+    try:
+        trace = tr.generate(kind, names, tr.parse_duration(duration), seed, _mean(mean_rps, names),
+                            tr.parse_duration(step))
+    except tr.TraceError as exc:
+        fail(exc.problems)
+    text = tr.write_csv(trace, None if out == "-" else out)
+    if out == "-":
+        typer.echo(text, nl=False)
+    else:
+        typer.echo(f"wrote {out}: {len(trace.models)} models x {len(trace.t_s)} samples, "
+                   f"{trace.duration_s:g} s, {trace.total_requests():.0f} requests", err=True)
+
+
+def show(path: Annotated[str, typer.Argument(help="trace CSV")],
+         as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Validate a trace and print per-model mean and peak req/s."""
+    try:
+        trace = tr.read_csv(path)
+    except tr.TraceError as exc:
+        fail(exc.problems)
+    mean, peak = trace.mean_rps(), trace.peak_rps()
+    data = {"duration_s": trace.duration_s, "samples": len(trace.t_s),
+            "models": {m: {"mean_rps": round(mean[m], 3), "peak_rps": round(peak[m], 3)} for m in trace.models}}
+    if as_json:
+        typer.echo(json.dumps(data))
+        return
+    typer.echo(f"{path}: {trace.duration_s:g} s, {len(trace.t_s)} samples")
+    for m in trace.models:
+        typer.echo(f"  {m:<24} mean {mean[m]:10.2f} req/s   peak {peak[m]:10.2f} req/s")
+
+
+def register(app: typer.Typer) -> None:
+    trace_app.command(
+        "generate",
+        epilog="Example: migscale trace generate mixed --models resnet,bert --duration 24h --seed 1 --out trace.csv",
+    )(generate)
+    trace_app.command("show", epilog="Example: migscale trace show trace.csv --json")(show)
+    app.add_typer(trace_app, name="trace")

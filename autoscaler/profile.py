@@ -1,0 +1,331 @@
+"""Capacity profiling: how many req/s one replica sustains at its SLO, per MIG profile.
+
+This runs *before* the loop and feeds the planner: ``migscale profile`` writes
+``capacity.yaml`` (``{models: {name: {profile: rps}}}``), which ``models.yaml``
+references through ``capacity_file`` and ``config.model_specs`` reads into
+``ModelSpec.capacity``.
+
+Two layers:
+
+* the sweep (``sweep``, ``capacity_at_slo``) is pure: given a ``measure(concurrency)``
+  callable it walks concurrency 1, 2, 4, 8, ... and decides when to stop;
+* the measurement adapter (``TritonMeasurer``) drives one real replica with N
+  concurrent in-flight requests (``tritonclient.http.aio``) and reads Triton's
+  own counters for the average batch size.
+
+The stability rule for one point: after a warm-up (default 0.5 s at the new
+concurrency, so the dynamic batcher's queue reaches its steady length), the
+point measures until BOTH ``point_s`` seconds have passed AND ``min_requests``
+(200) requests have completed -- 200 samples put the p99 between the 2nd and 3rd
+slowest request rather than on a single outlier. A replica too slow to give 200
+requests in ``5 * point_s`` ends the point there and marks it ``unstable``.
+
+The sweep stops at the first of: p99 > 2x the SLO (further points only queue),
+errors above 1%, throughput saturated (less than 5% gain over two successive
+doublings: 8 -> 16 -> 32 with 80.1, 81.0, 81.3 req/s), or the concurrency limit.
+Capacity at SLO = the highest throughput among the points whose p99 is within
+the SLO and whose error rate is 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+
+class StopReason(str, Enum):
+    LATENCY = "p99 above 2x SLO"
+    ERRORS = "errors above 1%"
+    SATURATED = "throughput saturated"
+    MAX_CONCURRENCY = "concurrency limit reached"
+
+
+@dataclass(frozen=True)
+class PointRule:
+    point_s: float = 3.0
+    min_requests: int = 200
+    warmup_s: float = 0.5
+    max_factor: float = 5.0  # a point ends at max_factor * point_s even below min_requests
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    concurrency: int
+    requests: int
+    errors: int
+    duration_s: float
+    throughput_rps: float
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    avg_batch: float | None  # from Triton: delta nv_inference_count / delta nv_inference_exec_count
+    unstable: bool = False
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / (self.requests + self.errors) if (self.requests + self.errors) else 0.0
+
+
+@dataclass
+class ProfileResult:
+    model: str
+    profile: str
+    slo_p99_ms: float
+    points: list[SweepPoint] = field(default_factory=list)
+    stop: StopReason | None = None
+    env: str = "emulated"  # emulated | mig
+    startup_s: float | None = None
+
+    @property
+    def capacity_rps(self) -> float | None:
+        return capacity_at_slo(self.points, self.slo_p99_ms)
+
+    @property
+    def capacity_point(self) -> SweepPoint | None:
+        ok = _within(self.points, self.slo_p99_ms)
+        return max(ok, key=lambda p: p.throughput_rps) if ok else None
+
+    def to_dict(self) -> dict[str, Any]:
+        cp = self.capacity_point
+        return {
+            "capacity_rps": _r(self.capacity_rps),
+            "slo_p99_ms": self.slo_p99_ms,
+            "at_concurrency": cp.concurrency if cp else None,
+            "avg_batch_at_capacity": _r(cp.avg_batch) if cp else None,
+            "stop": self.stop.value if self.stop else None,
+            "replica": self.env,
+            "startup_s": _r(self.startup_s),
+            "points": [{k: _r(v) if isinstance(v, float) else v for k, v in asdict(p).items()} for p in self.points],
+        }
+
+
+def _r(v: float | None, nd: int = 2) -> float | None:
+    return None if v is None else round(float(v), nd)
+
+
+def _within(points: Sequence[SweepPoint], slo_p99_ms: float) -> list[SweepPoint]:
+    return [p for p in points if p.p99_ms is not None and p.p99_ms <= slo_p99_ms and p.errors == 0
+            and p.requests > 0]
+
+
+def capacity_at_slo(points: Sequence[SweepPoint], slo_p99_ms: float) -> float | None:
+    """Highest throughput whose p99 is within the SLO (and error-free); None when no point is."""
+    ok = _within(points, slo_p99_ms)
+    return max(p.throughput_rps for p in ok) if ok else None
+
+
+def concurrency_levels(max_concurrency: int) -> list[int]:
+    """1, 2, 4, ... up to and including ``max_concurrency`` (added when not a power of two)."""
+    out, c = [], 1
+    while c < max_concurrency:
+        out.append(c)
+        c *= 2
+    out.append(max_concurrency)
+    return out
+
+
+def stop_reason(points: Sequence[SweepPoint], slo_p99_ms: float) -> StopReason | None:
+    """Whether the sweep should end after the last point in ``points``."""
+    last = points[-1]
+    if last.p99_ms is not None and last.p99_ms > 2 * slo_p99_ms:
+        return StopReason.LATENCY
+    if last.error_rate > 0.01:
+        return StopReason.ERRORS
+    if len(points) >= 3:
+        a, b, c = (p.throughput_rps for p in points[-3:])
+        # 5%: run-to-run noise of a point on this machine is ~2%; a real gain from doubling
+        # concurrency below saturation is 30-100%
+        if a > 0 and b < a * 1.05 and c < a * 1.05:
+            return StopReason.SATURATED
+    return None
+
+
+def sweep(
+    measure: Callable[[int], SweepPoint],
+    slo_p99_ms: float,
+    levels: Sequence[int],
+    on_point: Callable[[SweepPoint], None] | None = None,
+) -> tuple[list[SweepPoint], StopReason]:
+    points: list[SweepPoint] = []
+    for c in levels:
+        p = measure(c)
+        points.append(p)
+        if on_point:
+            on_point(p)
+        why = stop_reason(points, slo_p99_ms)
+        if why is not None:
+            return points, why
+    return points, StopReason.MAX_CONCURRENCY
+
+
+# ---------------------------------------------------------------- output
+
+
+def capacity_document(results: Sequence[ProfileResult]) -> dict[str, Any]:
+    """``{models: {name: {profile: rps}}, measured: {name: {profile: details}}}``.
+
+    Profiles without a capacity (no point within the SLO) are left out of ``models``
+    (the planner must not place a replica where it cannot meet the SLO) but stay in
+    ``measured`` with their points, so the reason is visible.
+    """
+    models: dict[str, dict[str, float]] = {}
+    measured: dict[str, dict[str, Any]] = {}
+    for r in results:
+        cap = r.capacity_rps
+        if cap is not None and cap > 0:
+            # rounded down to 0.1 req/s: the planner must not be promised more than was measured
+            models.setdefault(r.model, {})[r.profile] = float(np.floor(cap * 10) / 10)
+        measured.setdefault(r.model, {})[r.profile] = r.to_dict()
+    return {"models": models, "measured": measured}
+
+
+def plot(results: Sequence[ProfileResult], path: str) -> None:
+    """Throughput vs p99 per profile, one panel per model, the SLO as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_model: dict[str, list[ProfileResult]] = {}
+    for r in results:
+        by_model.setdefault(r.model, []).append(r)
+    n = len(by_model)
+    fig, axes = plt.subplots(1, n, figsize=(6 * n, 4.5), squeeze=False)
+    for ax, (model, rs) in zip(axes[0], by_model.items()):
+        for r in rs:
+            pts = [p for p in r.points if p.p99_ms is not None]
+            line, = ax.plot([p.throughput_rps for p in pts], [p.p99_ms for p in pts], marker="o",
+                            label=f"{r.profile} (cap {r.capacity_rps or 0:.0f} req/s)")
+            for p in pts:
+                ax.annotate(str(p.concurrency), (p.throughput_rps, p.p99_ms), fontsize=7,
+                            textcoords="offset points", xytext=(3, 3), color=line.get_color())
+        ax.axhline(rs[0].slo_p99_ms, color="red", linestyle="--", label=f"SLO p99 {rs[0].slo_p99_ms:g} ms")
+        ax.set_xlabel("throughput (req/s)")
+        ax.set_ylabel("p99 latency (ms)")
+        ax.set_yscale("log")
+        ax.set_title(f"{model}: throughput vs p99 (labels: concurrency)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- measurement adapter
+
+_SAMPLE = re.compile(r'^(nv_inference_count|nv_inference_exec_count|nv_inference_request_success)'
+                     r'\{model="([^"]+)",version="[^"]*"\} (\S+)$', re.MULTILINE)
+
+
+def triton_counters(metrics_text: str, model: str) -> dict[str, float]:
+    """Counters for ``model`` (summed over versions); absent counters are absent, not 0."""
+    out: dict[str, float] = {}
+    for name, m, value in _SAMPLE.findall(metrics_text):
+        if m == model:
+            out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+def avg_batch(before: dict[str, float], after: dict[str, float]) -> float | None:
+    try:
+        d_count = after["nv_inference_count"] - before["nv_inference_count"]
+        d_exec = after["nv_inference_exec_count"] - before["nv_inference_exec_count"]
+    except KeyError:
+        return None
+    return d_count / d_exec if d_exec > 0 else None
+
+
+class TritonMeasurer:
+    """Closed-loop load with N requests in flight against one replica's HTTP endpoint."""
+
+    def __init__(self, url_http: str, url_metrics: str, model: str, rule: PointRule,
+                 batch: int = 1) -> None:
+        import tritonclient.http as httpclient
+
+        from loadtests.inputs import build_inputs, fetch_model_io, requested_outputs
+
+        self.url = url_http
+        self.url_metrics = url_metrics
+        self.model = model
+        self.rule = rule
+        sync = httpclient.InferenceServerClient(url_http)
+        try:
+            io = fetch_model_io(sync, model)
+        finally:
+            sync.close()
+        self.inputs = build_inputs(httpclient, io, batch=batch)
+        self.outputs = requested_outputs(httpclient, io)
+
+    def _counters(self) -> dict[str, float]:
+        with urllib.request.urlopen(self.url_metrics, timeout=5) as r:
+            return triton_counters(r.read().decode(), self.model)
+
+    def measure(self, concurrency: int) -> SweepPoint:
+        return asyncio.run(self._measure(concurrency))
+
+    async def _measure(self, concurrency: int) -> SweepPoint:
+        from tritonclient.http.aio import InferenceServerClient
+
+        rule = self.rule
+        client = InferenceServerClient(self.url, conn_limit=max(concurrency, 1))
+        lat_ms: list[float] = []
+        errors = 0
+        window: list[float] = []  # [t_start] once measuring
+        stopping = False
+
+        async def worker() -> None:
+            nonlocal errors
+            while not stopping:
+                t0 = time.perf_counter()
+                ok = True
+                try:
+                    await client.infer(self.model, self.inputs, outputs=self.outputs)
+                except Exception:  # noqa: BLE001 - a failed request is counted, not raised
+                    ok = False
+                t1 = time.perf_counter()
+                # a request belongs to the window it completes in
+                if window and not stopping and t1 >= window[0]:
+                    if ok:
+                        lat_ms.append((t1 - t0) * 1000.0)
+                    else:
+                        errors += 1
+                if not ok:
+                    await asyncio.sleep(0.01)  # a dead replica must not turn into a busy loop
+
+        tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+        try:
+            await asyncio.sleep(rule.warmup_s)
+            before = await asyncio.to_thread(self._counters)
+            t_start = time.perf_counter()
+            window.append(t_start)
+            unstable = False
+            while True:
+                await asyncio.sleep(0.05)
+                el = time.perf_counter() - t_start
+                if el >= rule.point_s and len(lat_ms) + errors >= rule.min_requests:
+                    break
+                if el >= rule.point_s * rule.max_factor:
+                    unstable = True
+                    break
+            stopping = True
+            t_end = time.perf_counter()
+            n, n_err = len(lat_ms), errors
+            after = await asyncio.to_thread(self._counters)
+        finally:
+            stopping = True
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await client.close()
+        dur = t_end - t_start
+        arr = np.asarray(lat_ms[:n]) if n else None
+        pct = (lambda q: float(np.percentile(arr, q))) if arr is not None else (lambda q: None)
+        return SweepPoint(concurrency=concurrency, requests=n, errors=n_err, duration_s=dur,
+                          throughput_rps=n / dur if dur > 0 else 0.0, p50_ms=pct(50), p95_ms=pct(95),
+                          p99_ms=pct(99), avg_batch=avg_batch(before, after), unstable=unstable)

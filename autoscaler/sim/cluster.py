@@ -1,0 +1,484 @@
+"""``SimCluster``: a simulated cluster that is the Inventory, Actuator and MetricsSource of the loop.
+
+Place in the loop: the simulator's stand-in for everything outside the pure
+core. The production ``ControlLoop`` reads ``snapshot()`` and ``read()`` and
+calls ``apply()`` exactly as it does against the local or Kubernetes backend;
+between ticks ``advance()`` moves the world forward one integration step.
+No policy code lives here: the cluster only does what it is told, with
+realistic delays, and reports what happened with a realistic lag.
+
+What it models (defaults in ``SimConfig``):
+
+- **Replicas.** One replica = one MIG instance. CREATE starts a replica that is
+  READY ``start_delay_s`` later (30 s default: a Kubernetes pod with a cached
+  Triton image loading a small model; a local ``tritonserver`` is ~2 s, see
+  FACTS.md §9, pass ``start_delay_s=2`` for that). DRAIN stops routing at once
+  and finishes in-flight work in ``drain_s``; DELETE of a draining replica
+  waits for the drain.
+- **Repartition.** REPARTITION needs the affected instances empty (a replica
+  still on them that is being drained makes it wait; one that nobody drains
+  is an error), then holds the GPU for ``repartition_delay_s`` (180 s, the
+  mig-manager figure of FACTS.md §5). Replicas created on it meanwhile start
+  when it finishes.
+- **Ordering.** Actions run in order; WAIT_READY, a REPARTITION of an
+  instance still draining and a CREATE on it block the actions after them
+  until they can proceed (make-before-break), and ``converging()`` is True
+  meanwhile. A DELETE of a draining replica does not block: the replica goes
+  when its drain ends.
+- **Service.** Each READY replica is a fluid M/M/1 queue (``queueing.py``);
+  requests queued beyond ``queue_timeout_s`` are dropped (misses).
+  The router splits a model's traffic in proportion to replica service rate
+  (least-connections behaves so; a plain round-robin would overload small
+  slices). Requests of a model with no READY replica fail.
+- **Metrics.** ``read(now)`` reports window averages over
+  ``[now - scrape_delay_s - metrics_window_s, now - scrape_delay_s]``: what a
+  Prometheus ``rate(...[30s])`` evaluated on 15 s-old samples would say.
+  ``request_rate`` is the *completed* rate, which saturates at capacity, and
+  ``pending`` the queued requests, as Triton reports them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from autoscaler.clock import VirtualClock
+from autoscaler.mig import Placement, check_layout, get_product
+from autoscaler.policy.types import (
+    Action,
+    ActionKind,
+    ClusterState,
+    GpuState,
+    ModelSignals,
+    ModelSpec,
+    Replica,
+    ReplicaSignals,
+    ReplicaState,
+)
+from autoscaler.sim import queueing as q
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    step_s: float = 5.0  # fluid integration step between ticks
+    start_delay_s: float = 30.0
+    drain_s: float = 5.0
+    repartition_delay_s: float = 180.0
+    scrape_delay_s: float = 15.0
+    metrics_window_s: float = 30.0
+    # A request queued longer than this is dropped (client/Triton timeout): it
+    # counts as an SLO miss but does not hold the queue up forever. 30 s at
+    # 300 req/s caps a replica's backlog at ~9,000 requests.
+    queue_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("step_s", "metrics_window_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name}: must be > 0, got {v!r}")
+        for name in ("start_delay_s", "drain_s", "repartition_delay_s", "scrape_delay_s", "queue_timeout_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name}: must be >= 0, got {v!r}")
+
+
+@dataclass
+class _Rep:
+    id: str
+    model: str
+    profile: str
+    gpu: str
+    start: int
+    mu: float
+    capacity: float
+    compute: int
+    state: ReplicaState = ReplicaState.STARTING
+    since_s: float = 0.0
+    ready_at: float | None = None  # None: waits for its GPU's repartition
+    drained_at: float | None = None
+    x: float = 0.0
+    delete_when_drained: bool = False
+    first_step: int = 0
+    cum_busy: list[float] = field(default_factory=list)  # busy-seconds at the end of each step
+
+
+@dataclass
+class _Repart:
+    target: tuple[Placement, ...]
+    done_at: float
+
+
+class SimCluster:
+    """The world the loop acts on. ``advance()`` is called every ``step_s`` by ``sim.run``."""
+
+    def __init__(
+        self,
+        specs: Sequence[ModelSpec],
+        slo_ms: Mapping[str, float],
+        initial: ClusterState,
+        clock: VirtualClock,
+        config: SimConfig | None = None,
+    ) -> None:
+        self.config = config or SimConfig()
+        self.clock = clock
+        self.specs = {s.name: s for s in specs}
+        self.models = [s.name for s in specs]
+        self.midx = {m: i for i, m in enumerate(self.models)}
+        missing = [m for m in self.models if m not in slo_ms]
+        if missing:
+            raise ValueError(f"slo_ms: no p99 target for models {missing}")
+        self.slo_s = np.array([slo_ms[m] / 1000.0 for m in self.models])
+        self.gpus: dict[str, GpuState] = {g.id: g for g in initial.gpus}
+        self._reps: dict[str, _Rep] = {}
+        self._repart: dict[str, _Repart] = {}
+        self._queue: list[Action] = []
+        self._batch_created: list[str] = []
+        self._seq = 0
+        self.late_errors: list[str] = []
+        self.reconfigurations = 0
+        self.creates = 0
+        self.deletes = 0
+        self.apply_calls: list[tuple[float, tuple[Action, ...]]] = []
+        # per-step history (index k covers [t[k], t[k] + step_s))
+        self.t: list[float] = []
+        n = len(self.models)
+        self._cum = {k: [np.zeros(n)] for k in ("arr", "ok", "done", "wait", "comp", "p99w", "fail")}
+        self.pending: list[np.ndarray] = []  # queued requests per model at the end of each step
+        self.capacity: list[np.ndarray] = []  # req/s at SLO of READY replicas per model
+        self.p99_s: list[np.ndarray] = []  # worst replica p99 per model (nan: no traffic)
+        self.gpus_in_use: list[int] = []
+        self.slices_in_use: list[int] = []
+        self.ready_count: list[np.ndarray] = []
+        for r in initial.replicas:  # pre-existing replicas: ready at once
+            self._add(r.model, r.profile, r.gpu, r.start, ready_at=None, rid=r.id, state=ReplicaState.READY)
+
+    # ------------------------------------------------------------ Inventory
+
+    def snapshot(self) -> ClusterState:
+        self._timers(self.clock.now())
+        reps = tuple(
+            Replica(r.id, r.model, r.profile, r.gpu, r.start, r.state, r.since_s)
+            for r in sorted(self._reps.values(), key=lambda r: r.id)
+        )
+        return ClusterState(tuple(self.gpus.values()), reps)
+
+    # ------------------------------------------------------------ Actuator
+
+    def apply(self, actions: Sequence[Action]) -> list[str]:
+        now = self.clock.now()
+        self._timers(now)
+        self.apply_calls.append((now, tuple(actions)))
+        self._queue.extend(actions)
+        self._batch_created = []
+        return self._process(now)
+
+    def converging(self) -> bool:
+        self._timers(self.clock.now())
+        return bool(
+            self._queue
+            or self._repart
+            or any(r.state in (ReplicaState.STARTING, ReplicaState.DRAINING) for r in self._reps.values())
+        )
+
+    def _process(self, now: float) -> list[str]:
+        errors: list[str] = []
+        while self._queue:
+            a = self._queue[0]
+            res = self._try(a, now)
+            if res == "wait":
+                break
+            self._queue.pop(0)
+            if res != "done":
+                errors.append(res)
+        return errors
+
+    def _find(self, a: Action) -> _Rep | None:
+        if a.replica is not None:
+            return self._reps.get(a.replica)
+        for r in self._reps.values():
+            if r.gpu == a.gpu and r.start == a.start and (a.model is None or r.model == a.model):
+                return r
+        return None
+
+    def _layout(self, gpu: str) -> tuple[Placement, ...]:
+        rp = self._repart.get(gpu)
+        return rp.target if rp else tuple(self.gpus[gpu].layout)
+
+    def _occupant(self, gpu: str, start: int, profile: str) -> _Rep | None:
+        prof = get_product(self.gpus[gpu].product).profile(profile)
+        span = set(prof.span(start))
+        for r in self._reps.values():
+            if r.gpu != gpu:
+                continue
+            other = get_product(self.gpus[gpu].product).profile(r.profile)
+            if span.intersection(other.span(r.start)):
+                return r
+        return None
+
+    def _try(self, a: Action, now: float) -> str:
+        k = a.kind
+        if k == ActionKind.CREATE:
+            if a.gpu not in self.gpus:
+                return f"create: unknown gpu {a.gpu!r}"
+            spec = self.specs.get(a.model or "")
+            if spec is None:
+                return f"create: unknown model {a.model!r}"
+            if a.profile not in spec.capacity:
+                return f"create {a.model}: no capacity for profile {a.profile!r}"
+            pl = Placement(a.start if a.start is not None else -1, a.profile or "")
+            if pl not in self._layout(a.gpu):
+                return f"create {a.model}: gpu {a.gpu} has no instance {pl} (layout {list(map(str, self._layout(a.gpu)))})"
+            occ = self._occupant(a.gpu, pl.start, pl.profile)
+            if occ is not None:
+                if occ.state == ReplicaState.DRAINING:
+                    return "wait"
+                return f"create {a.model}: instance {pl} on {a.gpu} is taken by {occ.id}"
+            ready_at = None if a.gpu in self._repart else now + self.config.start_delay_s
+            rid = self._add(a.model or "", pl.profile, a.gpu, pl.start, ready_at=ready_at, rid=a.replica)
+            self._batch_created.append(rid)
+            self.creates += 1
+            return "done"
+        if k == ActionKind.WAIT_READY:
+            r = self._find(a)
+            waiting = [r] if r is not None else [self._reps[i] for i in self._batch_created if i in self._reps]
+            if any(w.state == ReplicaState.STARTING for w in waiting):
+                return "wait"
+            return "done"
+        if k == ActionKind.DRAIN:
+            r = self._find(a)
+            if r is None:
+                return f"drain: no replica {a.replica or (a.gpu, a.start)}"
+            if r.state == ReplicaState.STARTING:
+                self._remove(r)
+            elif r.state != ReplicaState.DRAINING:
+                r.state, r.since_s, r.drained_at = ReplicaState.DRAINING, now, now + self.config.drain_s
+            return "done"
+        if k == ActionKind.DELETE:
+            r = self._find(a)
+            if r is None:
+                return "done"  # already gone: deleting is idempotent
+            if r.state == ReplicaState.DRAINING and r.drained_at is not None and r.drained_at > now:
+                r.delete_when_drained = True  # removed by advance() once drained; later actions need not wait
+                return "done"
+            self._remove(r)
+            return "done"
+        if k == ActionKind.REPARTITION:
+            if a.gpu not in self.gpus or a.layout is None:
+                return f"repartition: unknown gpu {a.gpu!r} or no layout"
+            g = self.gpus[a.gpu]
+            target = tuple(sorted(a.layout))
+            probs = check_layout(get_product(g.product), target)
+            if probs:
+                return f"repartition {a.gpu}: " + "; ".join(probs)
+            if a.gpu in self._repart:
+                return "wait"
+            if target == tuple(sorted(g.layout)):
+                return "done"
+            removed = set(g.layout) - set(target)
+            for pl in removed:
+                occ = self._occupant(a.gpu, pl.start, pl.profile)
+                if occ is None:
+                    continue
+                if occ.state == ReplicaState.DRAINING or self._queued_removal(occ):
+                    return "wait"  # make-before-break: the drain finishes first
+                return f"repartition {a.gpu}: instance {pl} still serves {occ.id}"
+            # replicas on instances the new layout keeps must not overlap a new instance
+            self._repart[a.gpu] = _Repart(target, now + self.config.repartition_delay_s)
+            self.gpus[a.gpu] = replace(g, layout=target)
+            self.reconfigurations += 1
+            return "done"
+        return f"{k}: not supported by the simulator"
+
+    def _queued_removal(self, r: _Rep) -> bool:
+        return any(
+            x.kind in (ActionKind.DRAIN, ActionKind.DELETE) and self._find(x) is r for x in self._queue[1:]
+        )
+
+    def _add(
+        self, model: str, profile: str, gpu: str, start: int, *, ready_at: float | None, rid: str | None = None,
+        state: ReplicaState = ReplicaState.STARTING,
+    ) -> str:
+        self._seq += 1
+        rid = rid or f"{model}-{self._seq}"
+        spec = self.specs[model]
+        cap = float(spec.capacity[profile])
+        mu = q.service_rate(cap, float(self.slo_s[self.midx[model]] * 1000.0))
+        compute = get_product(self.gpus[gpu].product).profile(profile).compute
+        now = self.clock.now()
+        self._reps[rid] = _Rep(rid, model, profile, gpu, start, mu, cap, compute, state, now, ready_at,
+                               first_step=len(self.t))
+        return rid
+
+    def _remove(self, r: _Rep) -> None:
+        self._reps.pop(r.id, None)
+        self.deletes += 1
+
+    # ------------------------------------------------------------ the world moves
+
+    def advance(self, rates_rps: np.ndarray, dt: float | None = None) -> None:
+        """Integrate one step of ``dt`` (default ``step_s``) at per-model arrival rates, then move the clock."""
+        dt = self.config.step_s if dt is None else dt
+        now = self.clock.now()
+        self._timers(now)
+        self._integrate(np.asarray(rates_rps, dtype=float), dt, now)
+        self.clock.advance(dt)
+
+    def _timers(self, now: float) -> None:
+        """Due repartitions, starts and drains, then the blocked actions that can now proceed."""
+        for gid, rp in list(self._repart.items()):
+            if rp.done_at <= now:
+                del self._repart[gid]
+                for r in self._reps.values():
+                    if r.gpu == gid and r.ready_at is None and r.state == ReplicaState.STARTING:
+                        r.ready_at = now + self.config.start_delay_s
+        for r in list(self._reps.values()):
+            if r.delete_when_drained and r.drained_at is not None and r.drained_at <= now:
+                self._remove(r)
+                continue
+            if r.state == ReplicaState.STARTING and r.ready_at is not None and r.ready_at <= now:
+                r.state, r.since_s = ReplicaState.READY, r.ready_at
+        if self._queue:
+            self.late_errors.extend(self._process(now))
+
+    def _integrate(self, lam_m: np.ndarray, dt: float, now: float) -> None:
+        n = len(self.models)
+        ready = [r for r in self._reps.values() if r.state == ReplicaState.READY]
+        draining = [r for r in self._reps.values() if r.state == ReplicaState.DRAINING]
+        arr = lam_m * dt
+        ok = np.zeros(n)
+        done = np.zeros(n)
+        wait = np.zeros(n)
+        comp = np.zeros(n)
+        p99w = np.zeros(n)
+        cap = np.zeros(n)
+        pend = np.zeros(n)
+        worst = np.full(n, np.nan)
+        nready = np.zeros(n)
+        if ready:
+            mi = np.array([self.midx[r.model] for r in ready])
+            mu = np.array([r.mu for r in ready])
+            x0 = np.array([r.x for r in ready])
+            mu_tot = np.bincount(mi, weights=mu, minlength=n)
+            share = mu / mu_tot[mi]
+            lam = lam_m[mi] * share
+            x_raw = q.step_x(x0, lam, mu, dt)
+            x1 = np.minimum(x_raw, mu * self.config.queue_timeout_s)
+            xm = 0.5 * (x0 + x1)
+            slo = self.slo_s[mi]
+            a_i = lam * dt
+            within = q.within_slo(xm, mu, slo)
+            b = q.busy(xm)
+            ok = np.bincount(mi, weights=a_i * within, minlength=n)
+            done = np.bincount(mi, weights=np.maximum(a_i - (x_raw - x0), 0.0), minlength=n)
+            dropped = np.bincount(mi, weights=x_raw - x1, minlength=n)
+            wait = np.bincount(mi, weights=a_i * xm / mu, minlength=n)
+            comp = np.bincount(mi, weights=a_i / mu, minlength=n)
+            p99 = q.quantile_s(xm, mu, 0.99)
+            p99w = np.bincount(mi, weights=a_i * p99, minlength=n)
+            cap = np.bincount(mi, weights=np.array([r.capacity for r in ready]), minlength=n)
+            pend = np.bincount(mi, weights=np.maximum(x1 - q.busy(x1), 0.0), minlength=n)
+            nready = np.bincount(mi, minlength=n).astype(float)
+            np.fmax.at(worst, mi, np.where(lam > 0, p99, np.nan))
+            for i, r in enumerate(ready):
+                r.x = float(x1[i])
+                prev = r.cum_busy[-1] if r.cum_busy else 0.0
+                r.cum_busy.append(prev + float(b[i]) * dt)
+        for r in draining:  # finishes what it holds; no new arrivals
+            x1 = q.step_x(np.array([r.x]), np.zeros(1), np.array([r.mu]), dt)
+            prev = r.cum_busy[-1] if r.cum_busy else 0.0
+            r.cum_busy.append(prev + float(q.busy(0.5 * (r.x + x1[0]))) * dt)
+            r.x = float(x1[0])
+        for r in self._reps.values():
+            if r.state == ReplicaState.STARTING:  # keeps the per-step index aligned
+                r.cum_busy.append(r.cum_busy[-1] if r.cum_busy else 0.0)
+        fail = np.where(nready == 0, arr, 0.0) + (dropped if ready else 0.0)
+        c = self._cum
+        for key, val in (("arr", arr), ("ok", ok), ("done", done), ("wait", wait), ("comp", comp),
+                         ("p99w", p99w), ("fail", fail)):
+            c[key].append(c[key][-1] + val)
+        self.t.append(now)
+        self.pending.append(pend)
+        self.capacity.append(cap)
+        self.p99_s.append(worst)
+        self.ready_count.append(nready)
+        used_gpus = {r.gpu for r in self._reps.values()} | set(self._repart)
+        self.gpus_in_use.append(len(used_gpus))
+        self.slices_in_use.append(sum(r.compute for r in self._reps.values()))
+
+    def per_step(self, key: str) -> np.ndarray:
+        """Per-step totals of a history counter as (steps, models): "arr" arrivals, "ok" within SLO,
+        "done" completed, "fail" failed or dropped."""
+        return np.diff(np.array(self._cum[key]), axis=0)
+
+    # ------------------------------------------------------------ MetricsSource
+
+    def _window(self, now_s: float) -> tuple[int, int, float] | None:
+        """History steps [k0, k1) inside the scrape window ending ``scrape_delay_s`` ago."""
+        if not self.t:
+            return None
+        t0, step = self.t[0], self.config.step_s
+        end = now_s - self.config.scrape_delay_s
+        k1 = min(math.floor((end - t0) / step + 1e-9), len(self.t))
+        k0 = max(math.ceil((end - self.config.metrics_window_s - t0) / step - 1e-9), 0)
+        if k1 <= k0:
+            return None
+        return k0, k1, t0 + k1 * step
+
+    def read(
+        self, models: Sequence[str], replicas: Sequence[str], now_s: float
+    ) -> tuple[Mapping[str, ModelSignals | None], Mapping[str, ReplicaSignals]]:
+        w = self._window(now_s)
+        out_m: dict[str, ModelSignals | None] = {}
+        out_r: dict[str, ReplicaSignals] = {}
+        if w is None:
+            return {m: None for m in models}, out_r
+        k0, k1, t_end = w
+        span = (k1 - k0) * self.config.step_s
+        c = self._cum
+        d = {key: c[key][k1] - c[key][k0] for key in c}
+        for m in models:
+            i = self.midx.get(m)
+            if i is None:
+                out_m[m] = None
+                continue
+            served = d["arr"][i] - d["fail"][i]
+            avg_q = avg_c = ratio = p99 = p50 = p95 = None
+            if served > 0:
+                avg_q = d["wait"][i] / served * 1000.0
+                avg_c = d["comp"][i] / served * 1000.0
+                ratio = avg_q / avg_c if avg_c > 0 else None
+                p99 = d["p99w"][i] / served * 1000.0
+                # exponential sojourn: quantiles scale with -ln(1-q)
+                p50 = p99 * math.log(2) / q.LN100
+                p95 = p99 * math.log(20) / q.LN100
+            out_m[m] = ModelSignals(
+                model=m,
+                t_s=t_end,
+                request_rate=float(d["done"][i] / span),
+                success_rate=float(d["done"][i] / span),
+                failure_rate=float(d["fail"][i] / span),
+                avg_queue_ms=avg_q,
+                avg_compute_ms=avg_c,
+                queue_compute_ratio=ratio,
+                p50_ms=p50,
+                p95_ms=p95,
+                p99_ms=p99,
+                pending=float(self.pending[k1 - 1][i]),
+                ready_replicas=int(self.ready_count[k1 - 1][i]),
+            )
+        for rid in replicas:
+            r = self._reps.get(rid)
+            if r is None:
+                continue
+            lo, hi = k0 - r.first_step, k1 - r.first_step
+            if hi <= 0 or lo >= len(r.cum_busy) or hi > len(r.cum_busy):
+                continue  # no samples for this replica in the window yet
+            lo = max(lo, 0)
+            start_v = r.cum_busy[lo - 1] if lo > 0 else 0.0
+            secs = (hi - lo) * self.config.step_s
+            b = (r.cum_busy[hi - 1] - start_v) / secs
+            out_r[rid] = ReplicaSignals(rid, r.model, t_end, busy_fraction=b, gr_engine_active=b)
+        return out_m, out_r

@@ -1,0 +1,333 @@
+"""``simulate``: drive one policy over one trace in the simulated cluster and score it.
+
+Place in the loop: this is the clock and the wiring. Every ``tick_s`` it runs
+the policy's tick (the production ``ControlLoop`` for ``migscale``, the
+``policy/baselines.py`` functions for the HPA baselines); between ticks it
+advances ``SimCluster`` in ``step_s`` steps at the trace's rates. It decides
+nothing itself.
+
+Scoring starts at t = 0 after a warm-up (``warmup_s``, default 1800 s) in which
+the trace's first rate is held: every policy starts from the state it would
+reach on that load, not from an empty cluster, so the numbers compare
+steady-state behaviour and the first minutes do not punish slow starters.
+
+- ``slo_attainment``: requests within their model's p99 target / all requests.
+- ``gpu_hours``: integral of GPUs holding at least one replica (or being
+  repartitioned); ``slice_hours``: of compute slices holding a replica.
+- ``reconfigurations``: GPU repartitions carried out.
+- ``recovery_s``: after the largest spike (the largest per-minute rate over
+  the model's trailing 10-minute mean), seconds until that model's per-step
+  attainment is back at >= 99.9% and stays there for 5 minutes; 0 when it
+  never dropped.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from autoscaler.clock import VirtualClock
+from autoscaler.mig import Placement, get_product
+from autoscaler.policy import baselines as bl
+from autoscaler.policy.types import ClusterState, GpuState, ModelSpec, Replica, ReplicaState
+from autoscaler.sim.cluster import SimCluster, SimConfig
+from autoscaler.sim.traces import Trace
+
+POLICIES = ("static-peak", "hpa-queue", "hpa-util", "oracle", "migscale")
+RECOVERY_TARGET = 0.999
+RECOVERY_HOLD_S = 300.0
+SPIKE_BASE_S = 600.0
+
+
+class SimError(ValueError):
+    """A simulation that cannot run as asked; the message names the field and value."""
+
+
+@dataclass
+class Timeline:
+    t_s: np.ndarray  # step starts (>= 0)
+    models: tuple[str, ...]
+    demand_rps: np.ndarray  # (models, steps)
+    capacity_rps: np.ndarray  # req/s at SLO of READY replicas
+    p99_ms: np.ndarray  # worst replica p99 per model (nan: no traffic)
+    slo_ms: np.ndarray  # (models,)
+    attainment: np.ndarray  # per-step share within SLO per model (nan: no traffic)
+    gpus_in_use: np.ndarray  # (steps,)
+    slices_in_use: np.ndarray
+
+
+@dataclass
+class Result:
+    policy: str
+    slo_attainment: float
+    per_model: dict[str, float]
+    gpu_hours: float
+    slice_hours: float
+    reconfigurations: int
+    recovery_s: float
+    gpus_provisioned: int
+    wall_s: float = 0.0
+    ticks: int = 0
+    errors: list[str] = field(default_factory=list)
+    timeline: Timeline | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "slo_attainment": round(self.slo_attainment, 6),
+            "per_model": {m: round(v, 6) for m, v in self.per_model.items()},
+            "gpu_hours": round(self.gpu_hours, 4),
+            "slice_hours": round(self.slice_hours, 4),
+            "reconfigurations": self.reconfigurations,
+            "recovery_s": round(self.recovery_s, 1),
+            "gpus_provisioned": self.gpus_provisioned,
+            "ticks": self.ticks,
+            "wall_s": round(self.wall_s, 3),
+            "errors": len(self.errors),
+        }
+
+
+# ------------------------------------------------------------------ entry points
+
+
+def simulate(
+    models_cfg: Any,
+    cluster_cfg: Any,
+    trace: Trace,
+    policy_name: str,
+    step_s: float = 5.0,
+    *,
+    sim: SimConfig | None = None,
+    warmup_s: float = 1800.0,
+    policy_overrides: Mapping[str, Any] | None = None,
+) -> Result:
+    """Simulate from config objects (``config.load_models`` / ``config.load_cluster``)."""
+    from autoscaler.config import initial_cluster_state, model_specs, policy_config
+
+
+    specs = model_specs(models_cfg, cluster_cfg)
+    slo = {m.name: float(m.slo.p99_ms) for m in models_cfg.models}
+    pcfg = policy_config(models_cfg, cluster_cfg, **dict(policy_overrides or {}))
+    return simulate_specs(specs, slo, initial_cluster_state(cluster_cfg), pcfg, trace, policy_name,
+                          step_s, sim=sim, warmup_s=warmup_s)
+
+
+def simulate_specs(
+    specs: Sequence[ModelSpec],
+    slo_ms: Mapping[str, float],
+    initial: ClusterState,
+    policy_cfg: Any,
+    trace: Trace,
+    policy_name: str,
+    step_s: float = 5.0,
+    *,
+    sim: SimConfig | None = None,
+    warmup_s: float = 1800.0,
+    planner: Any = None,
+) -> Result:
+    if policy_name not in POLICIES:
+        raise SimError(f"policy: must be one of {', '.join(POLICIES)}, got {policy_name!r}")
+    if not (math.isfinite(step_s) and step_s > 0):
+        raise SimError(f"step_s: must be > 0, got {step_s!r}")
+    specs = [s for s in specs if s.backend == "mig"]
+    names = [s.name for s in specs]
+    missing = [m for m in trace.models if m not in names]
+    if missing:
+        raise SimError(f"trace: models {missing} are not in the models config ({names})")
+    gpus = [g for g in initial.gpus if g.mig_enabled and not g.rdma]
+    if not gpus:
+        raise SimError("cluster.gpus: the simulator needs at least one MIG GPU, got none")
+    products = {g.product for g in gpus}
+    if len(products) > 1:
+        raise SimError(f"cluster.gpus: the simulator handles one GPU product, got {sorted(products)}")
+    product = gpus[0].product
+    sim = replace(sim or SimConfig(), step_s=step_s)
+    _, grid = trace.on_grid(step_s)
+    demand = np.zeros((len(specs), grid.shape[1]))
+    for i, s in enumerate(specs):
+        if s.name in trace.models:
+            demand[i] = grid[trace.index(s.name)]
+    if policy_name == "oracle":
+        return _oracle(specs, demand, step_s, product)
+    wall0 = time.perf_counter()
+    peak = {s.name: float(demand[i].max()) for i, s in enumerate(specs)}
+    tick_s = float(getattr(policy_cfg, "tick_s", 15.0))
+    state = ClusterState(tuple(gpus), ())
+    driver: Any
+    if policy_name == "static-peak":
+        state = _static_peak_state(specs, peak, gpus, product)
+        driver = None
+    elif policy_name in ("hpa-queue", "hpa-util"):
+        profiles, layouts = bl.static_mig_layouts(specs, peak, gpus)
+        state = ClusterState(tuple(replace(g, layout=layouts[g.id]) for g in gpus), ())
+        cfg = bl.HpaBaselineConfig(
+            metric="queue_compute" if policy_name == "hpa-queue" else "utilization",
+            target=1.0 if policy_name == "hpa-queue" else 0.7,
+            profiles=profiles,
+        )
+        tick_s = cfg.sync_s
+        driver = _HpaDriver(specs, cfg)
+    clock = VirtualClock(-float(warmup_s))
+    cluster = SimCluster(specs, slo_ms, state, clock, sim)
+    if policy_name == "migscale":
+        from autoscaler.loop import ControlLoop
+
+        loop = ControlLoop(cluster, cluster, cluster, policy_cfg, clock, planner=planner)
+        driver = loop
+    elif driver is not None:
+        driver.bind(cluster)
+    n_warm = math.ceil(warmup_s / step_s - 1e-9)
+    first = demand[:, 0]
+    next_tick = clock.now()
+    ticks = 0
+    errors: list[str] = []
+    for k in range(-n_warm, demand.shape[1]):
+        if driver is not None and clock.now() >= next_tick - 1e-9:
+            res = driver.tick()
+            ticks += 1
+            if res.errors:
+                errors.extend(f"t={res.t_s:.0f}s: {e}" for e in res.errors)
+            next_tick += res.next_delay_s if getattr(res, "next_delay_s", 0) else tick_s
+        cluster.advance(first if k < 0 else demand[:, k])
+    errors.extend(cluster.late_errors)
+    return _score(policy_name, specs, slo_ms, cluster, demand, step_s, n_warm, len(cluster.gpus),
+                  time.perf_counter() - wall0, ticks, errors)
+
+
+# ------------------------------------------------------------------ drivers
+
+
+@dataclass
+class _TickOut:
+    t_s: float
+    errors: tuple[str, ...]
+    next_delay_s: float
+
+
+class _HpaDriver:
+    """Observe -> ``baselines.hpa_decide`` -> act, every HPA sync period."""
+
+    def __init__(self, specs: Sequence[ModelSpec], cfg: bl.HpaBaselineConfig) -> None:
+        self.specs, self.cfg = list(specs), cfg
+        self.state = bl.HpaBaselineState()
+        self.cluster: SimCluster | None = None
+
+    def bind(self, cluster: SimCluster) -> None:
+        self.cluster = cluster
+
+    def tick(self) -> _TickOut:
+        from autoscaler.policy.types import Observation
+
+        c = self.cluster
+        assert c is not None
+        now = c.clock.now()
+        snap = c.snapshot()
+        models, reps = c.read([s.name for s in self.specs], [r.id for r in snap.replicas], now)
+        obs = Observation(t_s=now, cluster=snap, models=dict(models), replicas=dict(reps))
+        actions, self.state = bl.hpa_decide(obs, self.state, self.specs, self.cfg, now)
+        errors = tuple(c.apply(actions)) if actions else ()
+        return _TickOut(now, errors, self.cfg.sync_s)
+
+
+def _static_peak_state(specs: Sequence[ModelSpec], peak: Mapping[str, float], gpus: Sequence[GpuState],
+                       product: str) -> ClusterState:
+    counts = bl.static_peak_counts(specs, peak, product)
+    full = get_product(product).full.name
+    need = sum(counts.values())
+    out_gpus = list(gpus)
+    # Peak provisioning buys what the peak needs: extra GPUs beyond the cluster are added (and counted).
+    for i in range(max(0, need - len(out_gpus))):
+        out_gpus.append(GpuState(id=f"sim-extra/{i}", node="sim-extra", product=product))
+    out_gpus = [replace(g, layout=(Placement(0, full),)) for g in out_gpus]
+    reps = []
+    it = iter(out_gpus)
+    for s in specs:
+        for j in range(counts[s.name]):
+            g = next(it)
+            reps.append(Replica(f"{s.name}-peak-{j}", s.name, full, g.id, 0, ReplicaState.READY, 0.0))
+    return ClusterState(tuple(out_gpus), tuple(reps))
+
+
+# ------------------------------------------------------------------ scoring
+
+
+def _oracle(specs: Sequence[ModelSpec], demand: np.ndarray, step_s: float, product: str) -> Result:
+    gh, sh = bl.oracle_hours(specs, demand, step_s, product)
+    slices = bl.oracle_slices(specs, demand, product)
+    per_gpu = get_product(product).compute_slices
+    n = demand.shape[1]
+    tl = Timeline(t_s=np.arange(n) * step_s, models=tuple(s.name for s in specs), demand_rps=demand,
+                  capacity_rps=demand, p99_ms=np.full(demand.shape, np.nan), slo_ms=np.full(len(specs), np.nan),
+                  attainment=np.ones(demand.shape), gpus_in_use=slices / per_gpu, slices_in_use=slices)
+    return Result("oracle", 1.0, {s.name: 1.0 for s in specs}, gh, sh, 0, 0.0,
+                  math.ceil(float(slices.max()) / per_gpu), timeline=tl)
+
+
+def _score(policy: str, specs: Sequence[ModelSpec], slo_ms: Mapping[str, float], c: SimCluster,
+           demand: np.ndarray, step_s: float, n_warm: int, n_gpus: int, wall_s: float, ticks: int,
+           errors: list[str]) -> Result:
+    arr = c.per_step("arr")[n_warm:].T  # (models, steps)
+    ok = c.per_step("ok")[n_warm:].T
+    tot_arr, tot_ok = float(arr.sum()), float(ok.sum())
+    per_model = {s.name: (float(ok[i].sum() / arr[i].sum()) if arr[i].sum() > 0 else 1.0)
+                 for i, s in enumerate(specs)}
+    gpus = np.array(c.gpus_in_use[n_warm:], dtype=float)
+    slices = np.array(c.slices_in_use[n_warm:], dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        att = np.where(arr > 0, ok / np.where(arr > 0, arr, 1), np.nan)
+    tl = Timeline(
+        t_s=np.array(c.t[n_warm:]), models=tuple(s.name for s in specs), demand_rps=demand,
+        capacity_rps=np.array(c.capacity[n_warm:]).T, p99_ms=np.array(c.p99_s[n_warm:]).T * 1000.0,
+        slo_ms=np.array([slo_ms[s.name] for s in specs]), attainment=att, gpus_in_use=gpus, slices_in_use=slices,
+    )
+    return Result(
+        policy=policy,
+        slo_attainment=tot_ok / tot_arr if tot_arr > 0 else 1.0,
+        per_model=per_model,
+        gpu_hours=float(gpus.sum() * step_s / 3600.0),
+        slice_hours=float(slices.sum() * step_s / 3600.0),
+        reconfigurations=c.reconfigurations,
+        recovery_s=recovery_s(demand, att, step_s),
+        gpus_provisioned=n_gpus,
+        wall_s=wall_s,
+        ticks=ticks,
+        errors=errors,
+        timeline=tl,
+    )
+
+
+def largest_spike(demand: np.ndarray, step_s: float) -> tuple[int, int] | None:
+    """(model, step) of the largest rate over the model's trailing ``SPIKE_BASE_S`` mean (ratio, min 1.5x)."""
+    w = max(1, int(SPIKE_BASE_S / step_s))
+    best: tuple[float, int, int] | None = None
+    for m in range(demand.shape[0]):
+        d = demand[m]
+        if len(d) <= w:
+            continue
+        c = np.concatenate([[0.0], np.cumsum(d)])
+        base = (c[w:-1] - c[:-w - 1]) / w  # mean of the w steps before step k (k >= w)
+        ratio = d[w:] / np.maximum(base, 1e-9)
+        k = int(np.argmax(ratio))
+        if ratio[k] >= 1.5 and (best is None or ratio[k] > best[0]):
+            best = (float(ratio[k]), m, k + w)
+    return None if best is None else (best[1], best[2])
+
+
+def recovery_s(demand: np.ndarray, attainment: np.ndarray, step_s: float) -> float:
+    spike = largest_spike(demand, step_s)
+    if spike is None:
+        return 0.0
+    m, k0 = spike
+    a = np.nan_to_num(attainment[m, k0:], nan=1.0)
+    bad = a < RECOVERY_TARGET
+    if not bad.any():
+        return 0.0
+    hold = max(1, int(RECOVERY_HOLD_S / step_s))
+    for k in range(len(a)):
+        if not bad[k:k + hold].any():
+            return float(k * step_s)
+    return float(len(a) * step_s)

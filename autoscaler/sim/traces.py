@@ -1,0 +1,388 @@
+"""Demand traces: the input of the simulator (what arrives before the loop observes it).
+
+A trace is per-model request rates over time, piecewise constant. On disk it is
+a CSV with the header ``t_s,model,rps``: each row sets ``model``'s rate to
+``rps`` req/s from ``t_s`` until that model's next row (the same rule as
+``loadtests.shapes.TraceReplay``, so a load test and a simulation replay the
+same curve). The trace ends one sample period after its last timestamp; the
+period is the most common spacing between consecutive timestamps (60 s for the
+per-minute traces written here), so a 24 h per-minute trace has rows at
+0..86340 s and ends at 86400 s. A model with no row yet has rate 0.
+
+Generators are seedable (``numpy.random.Generator``) and pure: the same seed
+gives the same trace, byte for byte.
+
+- ``diurnal``: a daily sine around the mean (trough 25% of the peak) with
+  Poisson per-step counts.
+- ``bursty``: burst onsets arrive with Gamma inter-arrival times (shape
+  1/cv^2; mean 10 min); each burst holds a Gamma-distributed rate level (mean
+  1, CV ``cv`` = 1), reached through a 2-minute lag -- the BurstGPT shape
+  (FACTS.md §11). Peaks reach 3-5x the mean.
+- ``flash``: a steady base rate; at a random moment the rate ramps to
+  ``flash_x`` times the base in 30 s, holds 10 minutes, then decays.
+- ``azure``: an Azure-Functions-2019-like mix (FACTS.md §11): per-minute counts,
+  a diurnal and a weekly cycle, lognormal popularity across models (sigma 2.5:
+  12 models span ~4 orders of magnitude, the 8 of the paper is over 10^5
+  functions), and Gamma-Poisson minute counts (Gamma CV 0.3) -- over-dispersed
+  like the paper's inter-arrival CV > 1. In ``mixed`` the popularity skew is
+  left out: the benchmark sets each model's mean itself.
+- ``mixed``: models take the kinds above in turn (diurnal, bursty, flash, azure),
+  each with its own mean; the benchmark's trace.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+KINDS = ("diurnal", "bursty", "flash", "azure", "mixed")
+DAY_S = 86400.0
+WEEK_S = 7 * DAY_S
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class TraceError(ValueError):
+    """A trace that cannot be used; ``problems`` are one line each, naming the field and value."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Per-model piecewise-constant rates on one shared, strictly increasing time grid.
+
+    ``rps[m, k]`` is model ``models[m]``'s rate from ``t_s[k]`` to ``t_s[k+1]``
+    (or to ``duration_s`` for the last sample).
+    """
+
+    t_s: np.ndarray  # (n,)
+    models: tuple[str, ...]
+    rps: np.ndarray  # (len(models), n)
+    duration_s: float
+
+    def __post_init__(self) -> None:
+        problems = []
+        t = np.asarray(self.t_s, dtype=float)
+        r = np.asarray(self.rps, dtype=float)
+        if t.ndim != 1 or len(t) == 0:
+            problems.append(f"t_s: needs at least one sample, got shape {t.shape}")
+        elif np.any(np.diff(t) <= 0) or t[0] < 0:
+            problems.append("t_s: must start at >= 0 and strictly increase")
+        elif not self.duration_s > t[-1]:
+            problems.append(f"duration_s: must exceed the last t_s {t[-1]}, got {self.duration_s}")
+        if r.shape != (len(self.models), len(t)):
+            problems.append(f"rps: shape must be (models, samples) = {(len(self.models), len(t))}, got {r.shape}")
+        elif not np.all(np.isfinite(r)) or np.any(r < 0):
+            problems.append("rps: every rate must be a finite number >= 0")
+        if len(set(self.models)) != len(self.models):
+            problems.append(f"models: names must be unique, got {list(self.models)}")
+        if problems:
+            raise TraceError(problems)
+        object.__setattr__(self, "t_s", t)
+        object.__setattr__(self, "rps", r)
+
+    # ------------------------------------------------------------ queries
+
+    def index(self, model: str) -> int:
+        try:
+            return self.models.index(model)
+        except ValueError:
+            raise KeyError(f"model {model!r} is not in the trace; it has {list(self.models)}") from None
+
+    def rate_at(self, model: str, t_s: float) -> float:
+        if t_s < self.t_s[0] or t_s >= self.duration_s:
+            return 0.0
+        k = int(np.searchsorted(self.t_s, t_s, side="right")) - 1
+        return float(self.rps[self.index(model), k])
+
+    def on_grid(self, step_s: float, duration_s: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Mean rate per bin of ``step_s`` from 0: ``(bin starts, rps[models, bins])``.
+
+        Means, not point samples, so the number of requests is preserved exactly
+        when the trace's own period is not a multiple of ``step_s``.
+        """
+        end = float(self.duration_s if duration_s is None else duration_s)
+        n = max(1, math.ceil(end / step_s - 1e-9))
+        edges = np.minimum(np.arange(n + 1) * step_s, end)
+        # cumulative requests at each trace breakpoint
+        bounds = np.append(self.t_s, self.duration_s)
+        seg = np.diff(bounds)
+        cum = np.concatenate([np.zeros((len(self.models), 1)), np.cumsum(self.rps * seg, axis=1)], axis=1)
+        out = np.empty((len(self.models), n))
+        for m in range(len(self.models)):
+            c = np.interp(edges, bounds, cum[m], left=0.0, right=cum[m, -1])
+            width = np.diff(edges)
+            out[m] = np.divide(np.diff(c), width, out=np.zeros(n), where=width > 0)
+        return edges[:-1], out
+
+    def total_requests(self) -> float:
+        seg = np.diff(np.append(self.t_s, self.duration_s))
+        return float((self.rps * seg).sum())
+
+    def peak_rps(self) -> dict[str, float]:
+        return {m: float(self.rps[i].max()) for i, m in enumerate(self.models)}
+
+    def mean_rps(self) -> dict[str, float]:
+        seg = np.diff(np.append(self.t_s, self.duration_s))
+        return {m: float((self.rps[i] * seg).sum() / self.duration_s) for i, m in enumerate(self.models)}
+
+
+# ------------------------------------------------------------------ CSV
+
+
+def write_csv(trace: Trace, path: str | Path | None = None) -> str:
+    """Write ``t_s,model,rps`` rows (time-major); returns the text, and writes it when ``path`` is given."""
+    buf = io.StringIO()
+    buf.write("t_s,model,rps\n")
+    for k, t in enumerate(trace.t_s):
+        for m, name in enumerate(trace.models):
+            buf.write(f"{t:g},{name},{trace.rps[m, k]:.6g}\n")
+    text = buf.getvalue()
+    if path is not None:
+        Path(path).write_text(text)
+    return text
+
+
+def read_csv(path: str | Path) -> Trace:
+    """Parse and validate a trace file; every problem is reported as ``line N: field: message, got VALUE``."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise TraceError([f"{p}: cannot read the trace: {e.strerror}"]) from None
+    return parse_csv(text, source=str(p))
+
+
+def parse_csv(text: str, source: str = "trace") -> Trace:
+    problems: list[str] = []
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, None)
+    if header is None:
+        raise TraceError([f"{source}: empty file, expected the header t_s,model,rps"])
+    cols = [h.strip() for h in header]
+    if cols != ["t_s", "model", "rps"]:
+        raise TraceError([f"{source} line 1: header must be exactly t_s,model,rps, got {','.join(cols)!r}"])
+    rows: dict[str, dict[float, float]] = {}
+    order: list[str] = []
+    for lineno, row in enumerate(reader, start=2):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) != 3:
+            problems.append(f"{source} line {lineno}: expected 3 fields t_s,model,rps, got {len(row)}: {row!r}")
+            continue
+        ts, model, rs = (c.strip() for c in row)
+        try:
+            t = float(ts)
+            if not math.isfinite(t) or t < 0:
+                raise ValueError
+        except ValueError:
+            problems.append(f"{source} line {lineno}: t_s: must be a finite number >= 0, got {ts!r}")
+            continue
+        if not _NAME.match(model):
+            problems.append(f"{source} line {lineno}: model: must be a DNS-1123 label, got {model!r}")
+            continue
+        try:
+            r = float(rs)
+            if not math.isfinite(r) or r < 0:
+                raise ValueError
+        except ValueError:
+            problems.append(f"{source} line {lineno}: rps: must be a finite number >= 0, got {rs!r}")
+            continue
+        per = rows.setdefault(model, {})
+        if model not in order:
+            order.append(model)
+        if t in per:
+            problems.append(f"{source} line {lineno}: t_s: duplicate time {ts} for model {model!r}")
+            continue
+        per[t] = r
+    if not problems and not rows:
+        problems.append(f"{source}: no data rows, expected at least one t_s,model,rps row")
+    if problems:
+        raise TraceError(problems)
+    grid = np.array(sorted({t for per in rows.values() for t in per}))
+    gaps = np.diff(grid)
+    if len(gaps):
+        vals, counts = np.unique(np.round(gaps, 9), return_counts=True)
+        period = float(vals[np.argmax(counts)])
+    else:
+        period = 60.0  # one row per model: treat it as one per-minute sample
+    rps = np.zeros((len(order), len(grid)))
+    for m, name in enumerate(order):
+        pts = sorted(rows[name].items())
+        ts = np.array([p[0] for p in pts])
+        vs = np.array([p[1] for p in pts])
+        k = np.searchsorted(ts, grid, side="right") - 1
+        rps[m] = np.where(k >= 0, vs[np.maximum(k, 0)], 0.0)
+    return Trace(grid, tuple(order), rps, float(grid[-1] + period))
+
+
+# ------------------------------------------------------------------ generators
+
+
+def parse_duration(text: str | float) -> float:
+    """``"24h"``, ``"90m"``, ``"30s"``, ``"2d"`` or plain seconds -> seconds (> 0)."""
+    if isinstance(text, (int, float)):
+        v = float(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smhd]?)\s*", str(text))
+        if not m:
+            raise TraceError([f"duration: expected a number with an optional unit s/m/h/d (e.g. 24h), got {text!r}"])
+        v = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    if not math.isfinite(v) or v <= 0:
+        raise TraceError([f"duration: must be > 0 seconds, got {text!r}"])
+    return v
+
+
+def _means(models: Sequence[str], mean_rps: float | Mapping[str, float]) -> np.ndarray:
+    if isinstance(mean_rps, Mapping):
+        missing = [m for m in models if m not in mean_rps]
+        if missing:
+            raise TraceError([f"mean_rps: no mean rate for models {missing}"])
+        vals = [float(mean_rps[m]) for m in models]
+    else:
+        vals = [float(mean_rps)] * len(models)
+    for m, v in zip(models, vals):
+        if not math.isfinite(v) or v < 0:
+            raise TraceError([f"mean_rps.{m}: must be a finite number >= 0, got {v!r}"])
+    return np.array(vals)
+
+
+def _poisson_rate(rng: np.random.Generator, rate: np.ndarray, step_s: float) -> np.ndarray:
+    """Observed rate of a Poisson count per step: what a per-minute trace records."""
+    return rng.poisson(np.maximum(rate, 0.0) * step_s) / step_s
+
+
+def _diurnal_factor(t: np.ndarray, phase_s: float, trough: float = 0.25) -> np.ndarray:
+    # peak at 14:00 + phase, trough at 02:00 + phase; mean of the factor is 1
+    wave = 0.5 - 0.5 * np.cos(2 * np.pi * (t - phase_s - 2 * 3600) / DAY_S)
+    f = trough + (1 - trough) * wave
+    return f / ((1 + trough) / 2)
+
+
+def diurnal(rng: np.random.Generator, t: np.ndarray, mean: float, step_s: float) -> np.ndarray:
+    phase = rng.uniform(-2, 2) * 3600
+    return _poisson_rate(rng, mean * _diurnal_factor(t, phase), step_s)
+
+
+def gamma_interarrivals(rng: np.random.Generator, mean_s: float, cv: float, n: int) -> np.ndarray:
+    """``n`` Gamma inter-arrival times with the given mean and coefficient of variation (shape 1/cv^2)."""
+    k = 1.0 / (cv * cv)
+    return rng.gamma(k, mean_s / k, size=n)
+
+
+def bursty(
+    rng: np.random.Generator, t: np.ndarray, mean: float, step_s: float, cv: float = 1.0,
+    burst_s: float = 600.0, rise_s: float = 120.0,
+) -> np.ndarray:
+    """Gamma-modulated rate: burst onsets with Gamma inter-arrivals (CV ``cv``), Gamma levels (mean 1).
+
+    Levels change through a first-order lag of ``rise_s`` (a burst builds over
+    a couple of minutes, as user traffic does); ``rise_s=0`` makes them jump.
+    """
+    end = float(t[-1] + step_s)
+    n = int(end / burst_s * 4) + 16
+    onsets = np.cumsum(gamma_interarrivals(rng, burst_s, cv, n))
+    while onsets[-1] < end:  # rare: extend until the trace is covered
+        onsets = np.append(onsets, onsets[-1] + np.cumsum(gamma_interarrivals(rng, burst_s, cv, n)))
+    onsets = np.concatenate([[0.0], onsets])
+    k = 1.0 / (cv * cv)
+    levels = rng.gamma(k, 1.0 / k, size=len(onsets))
+    idx = np.searchsorted(onsets, t, side="right") - 1
+    level = levels[idx]
+    if rise_s > 0:
+        a = 1.0 - math.exp(-step_s / rise_s)
+        smooth = np.empty_like(level)
+        acc = float(level[0])
+        for k, v in enumerate(level):  # sequential by nature; one pass over the steps
+            acc += a * (v - acc)
+            smooth[k] = acc
+        level = smooth
+    # mild diurnal underneath so bursts ride on a realistic base
+    return _poisson_rate(rng, mean * level * _diurnal_factor(t, 0.0, trough=0.6), step_s)
+
+
+def flash(
+    rng: np.random.Generator, t: np.ndarray, mean: float, step_s: float, flash_x: float = 5.0,
+    ramp_s: float = 30.0, hold_s: float = 600.0, decay_s: float = 600.0,
+) -> np.ndarray:
+    end = float(t[-1] + step_s)
+    t0 = rng.uniform(0.2, 0.6) * end
+    x = np.ones_like(t)
+    up = (t >= t0) & (t < t0 + ramp_s)
+    x[up] = 1 + (flash_x - 1) * (t[up] - t0 + step_s) / (ramp_s + step_s)
+    hold = (t >= t0 + ramp_s) & (t < t0 + ramp_s + hold_s)
+    x[hold] = flash_x
+    after = t >= t0 + ramp_s + hold_s
+    x[after] = 1 + (flash_x - 1) * np.exp(-(t[after] - t0 - ramp_s - hold_s) / decay_s)
+    return _poisson_rate(rng, mean * x * _diurnal_factor(t, 0.0, trough=0.7), step_s)
+
+
+def azure(rng: np.random.Generator, t: np.ndarray, mean: float, step_s: float, dispersion: float = 0.3) -> np.ndarray:
+    """One Azure-Functions-like series: diurnal x weekly cycle, Gamma-Poisson per-step counts.
+
+    The Gamma factor (CV ``dispersion``, renewed every step) makes counts
+    over-dispersed, the signature of inter-arrival CV > 1 in the 2019 trace.
+    """
+    phase = rng.uniform(-3, 3) * 3600
+    day = _diurnal_factor(t, phase, trough=0.3)
+    dow = np.floor(t / DAY_S) % 7
+    week = np.where(dow >= 5, 0.7, 1.0)  # days 5 and 6 are the weekend
+    week = week / (5 + 2 * 0.7) * 7
+    k = 1.0 / (dispersion * dispersion)
+    noise = rng.gamma(k, 1.0 / k, size=len(t))
+    return _poisson_rate(rng, mean * day * week * noise, step_s)
+
+
+def azure_popularity(rng: np.random.Generator, n: int, sigma: float = 2.5) -> np.ndarray:
+    """Heavy-tailed (lognormal) popularity weights summing to n, largest first."""
+    w = np.sort(rng.lognormal(0.0, sigma, size=n))[::-1]
+    return w / w.sum() * n
+
+
+def generate(
+    kind: str,
+    models: Sequence[str],
+    duration_s: float,
+    seed: int,
+    mean_rps: float | Mapping[str, float] = 100.0,
+    step_s: float = 60.0,
+) -> Trace:
+    """A seeded trace of ``kind`` (one of KINDS) for ``models``, one sample per ``step_s``."""
+    problems = []
+    if kind not in KINDS:
+        problems.append(f"kind: must be one of {', '.join(KINDS)}, got {kind!r}")
+    if not models:
+        problems.append("models: needs at least one model name, got none")
+    for m in models:
+        if not _NAME.match(m):
+            problems.append(f"models: {m!r} is not a DNS-1123 label")
+    if len(set(models)) != len(models):
+        problems.append(f"models: names must be unique, got {list(models)}")
+    if not (math.isfinite(step_s) and step_s > 0):
+        problems.append(f"step_s: must be > 0, got {step_s!r}")
+    elif not (duration_s >= step_s):
+        problems.append(f"duration_s: must be at least one step ({step_s}s), got {duration_s!r}")
+    if problems:
+        raise TraceError(problems)
+    means = _means(models, mean_rps)
+    rng = np.random.default_rng(seed)
+    n = math.ceil(duration_s / step_s - 1e-9)
+    t = np.arange(n) * float(step_s)
+    rps = np.zeros((len(models), n))
+    if kind == "azure":
+        # popularity redistributes the total: the busiest model gets most of it
+        means = azure_popularity(rng, len(models)) * means.mean()
+    gens = {"diurnal": diurnal, "bursty": bursty, "flash": flash, "azure": azure}
+    for i in range(len(models)):
+        k = kind if kind != "mixed" else ("diurnal", "bursty", "flash", "azure")[i % 4]
+        rps[i] = gens[k](rng, t, float(means[i]), float(step_s))
+    return Trace(t, tuple(models), rps, float(n * step_s))

@@ -1,0 +1,135 @@
+"""The status document of a running controller (``migscale status --json``, ``/v1/status``).
+
+A pure function of the cluster state, the URLs and the per-replica numbers,
+so the controller (writing ``run_dir/status.json`` every second) and the
+metrics API (serving ``/v1/status``) produce the same JSON. Unknown numbers
+stay ``null``: a replica without a second metrics sample has no req/s yet.
+
+A multinode group is several planner replicas (one per whole GPU) but ONE
+entry here: id = the group id, ``gpus`` = its GPUs, ``members`` = one row per
+process (rank, pid, port, state, role, gpu); port/pid are the leader's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from autoscaler.policy.types import ClusterState
+
+
+@dataclass(frozen=True)
+class ReplicaEndpoint:
+    port: int | None  # HTTP port of its tritonserver
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """A multinode group as status shows it; keyed by group id in ``build_status(groups=)``."""
+
+    member_ids: tuple[str, ...]  # the planner's replica ids, rank order
+    gpus: tuple[str, ...]  # rank order; gpus[0] is the leader's
+    members: tuple[Mapping, ...] = field(default=())  # {rank, pid, port, state, role, gpu}
+
+
+@dataclass(frozen=True)
+class ReplicaNumbers:
+    req_s: float | None = None
+    p99_ms: float | None = None
+
+
+def _round(v: float | None, nd: int) -> float | None:
+    return None if v is None else round(v, nd)
+
+
+def build_status(
+    cluster: ClusterState,
+    *,
+    frontdoor: str | None,
+    metrics_api: str | None,
+    prometheus: str | None,
+    endpoints: Mapping[str, ReplicaEndpoint] | None = None,
+    numbers: Mapping[str, ReplicaNumbers] | None = None,
+    groups: Mapping[str, GroupView] | None = None,
+    metrics_mode: str | None = None,
+    controller_pid: int | None = None,
+    t_s: float | None = None,
+) -> dict:
+    endpoints = endpoints or {}
+    numbers = numbers or {}
+    groups = groups or {}
+    group_of = {mid: gid for gid, g in groups.items() for mid in g.member_ids}
+    listed: set[str] = set()
+    replicas = []
+    for r in sorted(cluster.replicas, key=lambda r: (r.model, r.gpu, r.start, r.id)):
+        gid = group_of.get(r.id)
+        rid = gid or r.id
+        if rid in listed:
+            continue  # a group is listed once, at its first member
+        listed.add(rid)
+        ep = endpoints.get(rid, ReplicaEndpoint(None, None))
+        n = numbers.get(rid, ReplicaNumbers())
+        row = {
+            "id": rid,
+            "model": r.model,
+            "profile": r.profile,
+            "gpu": groups[gid].gpus[0] if gid else r.gpu,
+            "start": r.start,
+            "port": ep.port,
+            "state": r.state.value,
+            "pid": ep.pid,
+            "req_s": _round(n.req_s, 2),
+            "p99_ms": _round(n.p99_ms, 2),
+        }
+        if gid:
+            row["gpus"] = list(groups[gid].gpus)
+            row["members"] = [dict(m) for m in groups[gid].members]
+        replicas.append(row)
+    gpus = [
+        {
+            "id": g.id,
+            "product": g.product,
+            "emulated": g.emulated,
+            "layout": [str(p) for p in sorted(g.layout)],
+            "mig_enabled": g.mig_enabled,
+            "reserved_by": g.reserved_by,
+        }
+        for g in cluster.gpus
+    ]
+    return {
+        "frontdoor": frontdoor,
+        "metrics_api": metrics_api,
+        "prometheus": prometheus,
+        "metrics_mode": metrics_mode,
+        "controller_pid": controller_pid,
+        "t_s": t_s,
+        "gpus": gpus,
+        "replicas": replicas,
+    }
+
+
+def render_table(status: dict) -> str:
+    """Plain-text table for ``migscale status`` (no colour codes: pipes and CI logs read it)."""
+    head = ("MODEL", "PROFILE", "GPU/SLOT", "PORT", "STATE", "REQ/S", "P99 MS")
+    rows = [head]
+    for r in status.get("replicas", []):
+        rows.append(
+            (
+                str(r["model"]),
+                str(r["profile"]),
+                "+".join(r["gpus"]) if r.get("gpus") else f"{r['gpu']}@{r['start']}",
+                "-" if r.get("port") is None else str(r["port"]),
+                str(r["state"]),
+                "-" if r.get("req_s") is None else f"{r['req_s']:.1f}",
+                "-" if r.get("p99_ms") is None else f"{r['p99_ms']:.1f}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines.append("")
+    lines.append(f"front door:  {status.get('frontdoor')}")
+    lines.append(f"metrics API: {status.get('metrics_api')}")
+    prom = status.get("prometheus")
+    lines.append(f"prometheus:  {prom if prom else 'not running (direct scrape of each replica)'}")
+    return "\n".join(lines)

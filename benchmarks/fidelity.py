@@ -1,0 +1,284 @@
+"""Simulator fidelity: one short scenario on the real local cluster and in the simulator, side by side.
+
+Real side: a ``LocalCluster`` (real tritonserver replicas of the emulated
+``resnet`` on one emulated A100, nginx front door, Prometheus or the direct
+scrape) driven by the production ``ControlLoop`` on the wall clock; open-loop
+Poisson load through the front door, its rate a ``loadtests.shapes.Step``
+(low -> high -> low). Sim side: the same ``PolicyConfig``, the same shape as a
+trace, ``SimCluster`` with delays matching the local backend (replica start
+measured on the real side, emulated repartition ~instant, Prometheus' 2 s
+scrape interval, the source's window).
+
+Prints ONE JSON object: per-second replica-count timelines (real, sim), their
+mean absolute difference relative to the real mean, the max counts, the time
+of the first scale-up, and p99 over the high phase (real, sim) with the
+relative gap; ``within_20pct`` says whether both comparisons are within 20%.
+
+Run: ``.venv/bin/python benchmarks/fidelity.py [--low 15 --high 70 --phase-s 50]``
+(about 3 minutes; everything on 127.0.0.1, all processes stopped at the end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autoscaler.clock import VirtualClock, WallClock
+from autoscaler.loop import ControlLoop
+from autoscaler.policy.decide import PolicyConfig
+from autoscaler.policy.hpa import PolicyType, ScalingPolicy, ScalingRules, SelectPolicy
+from autoscaler.policy.types import (
+    Action,
+    ActionKind,
+    ClusterState,
+    GpuState,
+    ModelSpec,
+    Reason,
+    ReplicaState,
+)
+from autoscaler.sim.cluster import SimCluster, SimConfig
+from loadtests.shapes import Step
+
+REPO = Path(__file__).resolve().parents[1] / "triton_models"
+GPU = "node-a/0"
+PRODUCT = "A100-SXM4-80GB"
+# examples/models.yaml's estimate for resnet (req/s per replica at p99 150 ms)
+CAPACITY = {"1g.10gb": 58.0, "2g.20gb": 113.0, "3g.40gb": 160.0}
+SLO_MS = 150.0
+
+
+def policy() -> PolicyConfig:
+    spec = ModelSpec("resnet", CAPACITY, tuple(CAPACITY), min_replicas=1, max_replicas=6)
+    return PolicyConfig(
+        models=(spec,), slo_p99_ms={"resnet": SLO_MS}, tick_s=2.0, headroom=0.2, short_window_s=6.0,
+        long_window_s=12.0, churn_budget=8,
+        scale_down=ScalingRules(20.0, SelectPolicy.MAX, (ScalingPolicy(PolicyType.PERCENT, 100, 15.0),)),
+        metrics_stale_s=30.0,
+    )
+
+
+def initial_layout():
+    from autoscaler.mig import Placement
+
+    return (Placement(0, "3g.40gb"), Placement(4, "1g.10gb"), Placement(5, "1g.10gb"), Placement(6, "1g.10gb"))
+
+
+# ------------------------------------------------------------------ real side
+
+
+class OpenLoopLoad:
+    """Poisson arrivals at ``shape.total_rps(t)``; a worker pool sends them through the front door."""
+
+    def __init__(self, url: str, shape: Step, workers: int = 12, seed: int = 0) -> None:
+        self.url, self.shape, self.workers = url.removeprefix("http://"), shape, workers
+        self.rng = np.random.default_rng(seed)
+        self.q: queue.Queue[float | None] = queue.Queue()
+        self.records: list[tuple[float, float, bool]] = []  # (sent at, latency s, ok)
+        self._lock = threading.Lock()
+
+    def _worker(self, t0: float) -> None:
+        import tritonclient.http as th
+
+        client = th.InferenceServerClient(self.url, network_timeout=30)
+        inp = th.InferInput("INPUT", [1, 3, 32, 32], "FP32")
+        inp.set_data_from_numpy(np.zeros((1, 3, 32, 32), dtype=np.float32))
+        while True:
+            due = self.q.get()
+            if due is None:
+                break
+            wait = t0 + due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            ok = True
+            try:
+                client.infer("resnet", [inp])
+            except Exception:  # noqa: BLE001 - a failed request is an SLO miss, counted
+                ok = False
+            with self._lock:
+                # latency counted from the scheduled time: a late send is queueing too
+                self.records.append((due, time.monotonic() - t0 - due, ok))
+        client.close()
+
+    def run(self, t0: float) -> None:
+        threads = [threading.Thread(target=self._worker, args=(t0,), daemon=True) for _ in range(self.workers)]
+        for t in threads:
+            t.start()
+        t = 0.0
+        while t < self.shape.duration_s:
+            rate = self.shape.total_rps(t)
+            t += self.rng.exponential(1.0 / rate) if rate > 0 else 0.5
+            if t < self.shape.duration_s and rate > 0:
+                # feed the queue no earlier than ~1 s ahead of time
+                ahead = t0 + t - time.monotonic() - 1.0
+                if ahead > 0:
+                    time.sleep(ahead)
+                self.q.put(t)
+        for _ in threads:
+            self.q.put(None)
+        for th_ in threads:
+            th_.join(120)
+
+
+def run_real(shape: Step, run_dir: Path) -> dict[str, Any]:
+    from autoscaler.act.local import LocalCluster
+    from autoscaler.act.local_replicas import ModelRuntime
+
+    c = LocalCluster(run_dir, {"resnet": ModelRuntime("resnet", REPO, "resnet")},
+                     [GpuState(GPU, "node-a", PRODUCT, layout=initial_layout())], prometheus="auto")
+    stop = threading.Event()
+    timeline: list[tuple[float, int, int]] = []
+    loop_thread = None
+    try:
+        c.start()
+        t_create = time.monotonic()
+        errs = c.apply([Action(ActionKind.CREATE, Reason.MIN_REPLICAS, gpu=GPU, model="resnet",
+                               profile="1g.10gb", start=6),
+                        Action(ActionKind.WAIT_READY, Reason.MIN_REPLICAS)])
+        start_s = time.monotonic() - t_create
+        if errs:
+            raise RuntimeError(f"initial replica failed: {errs}")
+        if c.prometheus_url is not None:
+            from autoscaler.observe.prometheus import PrometheusSource
+
+            source: Any = PrometheusSource(c.prometheus_url, window_s=6.0, metrics_stale_s=30.0, timeout_s=3.0)
+            source_name = "prometheus"
+        else:
+            from autoscaler.observe.scrape import ScrapeSource
+
+            source = ScrapeSource(lambda: {r.id: (r.model, r.process.url_metrics) for r in c.replicas()
+                                           if r.state is ReplicaState.READY}, window_s=6.0)
+            source_name = "scrape"
+        loop = ControlLoop(source, c, c, policy(), WallClock())
+        loop_thread = threading.Thread(target=loop.run, args=(stop,), daemon=True)
+        t0 = time.monotonic()
+        loop_thread.start()
+        load = OpenLoopLoad(c.frontdoor_url, shape)
+        load_thread = threading.Thread(target=load.run, args=(t0,), daemon=True)
+        load_thread.start()
+        while time.monotonic() - t0 < shape.duration_s + 5:
+            snap = c.snapshot()
+            live = sum(1 for r in snap.replicas if r.state in (ReplicaState.STARTING, ReplicaState.READY))
+            ready = sum(1 for r in snap.replicas if r.state == ReplicaState.READY)
+            timeline.append((time.monotonic() - t0, live, ready))
+            time.sleep(1.0)
+        load_thread.join(180)
+    finally:
+        stop.set()
+        if loop_thread is not None:
+            loop_thread.join(30)
+        c.stop()
+    return {"timeline": timeline, "records": load.records, "start_s": start_s, "source": source_name}
+
+
+# ------------------------------------------------------------------ sim side
+
+
+def run_sim(shape: Step, start_delay_s: float, step_s: float = 1.0) -> dict[str, Any]:
+    from autoscaler.policy.types import Replica
+
+    clock = VirtualClock(0.0)
+    gpu = GpuState(GPU, "node-a", PRODUCT, layout=initial_layout())
+    init = ClusterState((gpu,), (Replica("resnet-0", "resnet", "1g.10gb", GPU, 6, ReplicaState.READY, 0.0),))
+    cfg = SimConfig(step_s=step_s, start_delay_s=start_delay_s, drain_s=1.0, repartition_delay_s=1.0,
+                    scrape_delay_s=2.0, metrics_window_s=6.0)
+    spec = policy()
+    cluster = SimCluster(spec.models, {"resnet": SLO_MS}, init, clock, cfg)
+    loop = ControlLoop(cluster, cluster, cluster, spec, clock)
+    timeline = []
+    next_tick = 0.0
+    n = int(shape.duration_s / step_s) + 5
+    for k in range(n):
+        now = clock.now()
+        if now >= next_tick - 1e-9:
+            next_tick += loop.tick().next_delay_s
+        snap = cluster.snapshot()
+        live = sum(1 for r in snap.replicas if r.state in (ReplicaState.STARTING, ReplicaState.READY))
+        ready = sum(1 for r in snap.replicas if r.state == ReplicaState.READY)
+        timeline.append((now, live, ready))
+        cluster.advance(np.array([shape.total_rps(now + 0.5 * step_s)]))
+    p99 = np.array(cluster.p99_s) * 1000.0
+    return {"timeline": timeline, "t": np.array(cluster.t), "p99_ms": p99[:, 0]}
+
+
+# ------------------------------------------------------------------ compare
+
+
+def compare(shape: Step, real: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
+    dur = int(shape.duration_s)
+    secs = np.arange(dur)
+
+    def on_seconds(tl):
+        t = np.array([x[0] for x in tl])
+        live = np.array([x[1] for x in tl])
+        idx = np.clip(np.searchsorted(t, secs, side="right") - 1, 0, len(t) - 1)
+        return live[idx]
+
+    r_live, s_live = on_seconds(real["timeline"]), on_seconds(sim["timeline"])
+    mad = float(np.mean(np.abs(r_live - s_live)) / max(np.mean(r_live), 1e-9))
+
+    def first_up(x):
+        up = np.nonzero(x > x[0])[0]
+        return float(up[0]) if len(up) else None
+
+    n_lv = len(shape.levels)
+    hi_start, hi_end = shape.duration_s / n_lv, 2 * shape.duration_s / n_lv
+    rec = np.array(real["records"]) if real["records"] else np.zeros((0, 3))
+    in_hi = (rec[:, 0] >= hi_start) & (rec[:, 0] < hi_end) if len(rec) else np.zeros(0, bool)
+    lat = np.where(rec[:, 2] > 0, rec[:, 1], np.inf)[in_hi] if len(rec) else np.zeros(0)
+    real_p99 = float(np.quantile(lat, 0.99) * 1000.0) if len(lat) else None
+    st, sp = sim["t"], sim["p99_ms"]
+    mask = (st >= hi_start) & (st < hi_end) & np.isfinite(sp)
+    # request-weighted over the phase: the rate is constant inside it, so a plain mean of per-step p99
+    sim_p99 = float(np.mean(sp[mask])) if mask.any() else None
+    p99_gap = abs(sim_p99 - real_p99) / real_p99 if real_p99 and sim_p99 else None
+    # settled: the second half of the high phase, after both sides have scaled
+    mid = 0.5 * (hi_start + hi_end)
+    in_set = (rec[:, 0] >= mid) & (rec[:, 0] < hi_end) if len(rec) else np.zeros(0, bool)
+    lat_set = np.where(rec[:, 2] > 0, rec[:, 1], np.inf)[in_set] if len(rec) else np.zeros(0)
+    real_set = float(np.quantile(lat_set, 0.99) * 1000.0) if len(lat_set) else None
+    mset = (st >= mid) & (st < hi_end) & np.isfinite(sp)
+    sim_set = float(np.mean(sp[mset])) if mset.any() else None
+    return {
+        "replicas_real_per_s": r_live.tolist(),
+        "replicas_sim_per_s": s_live.tolist(),
+        "replicas_mean_abs_diff_rel": round(mad, 3),
+        "replicas_max": {"real": int(r_live.max()), "sim": int(s_live.max())},
+        "first_scale_up_s": {"real": first_up(r_live), "sim": first_up(s_live)},
+        "p99_high_phase_ms": {"real": real_p99 and round(real_p99, 1), "sim": sim_p99 and round(sim_p99, 1)},
+        "p99_rel_gap": p99_gap and round(p99_gap, 3),
+        "p99_settled_ms": {"real": real_set and round(real_set, 1), "sim": sim_set and round(sim_set, 1)},
+        "requests": {"sent": len(rec), "failed": int((rec[:, 2] == 0).sum()) if len(rec) else 0},
+        "within_20pct": bool(mad <= 0.2 and p99_gap is not None and p99_gap <= 0.2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--low", type=float, default=15.0)
+    ap.add_argument("--high", type=float, default=70.0)
+    ap.add_argument("--phase-s", type=float, default=50.0)
+    ap.add_argument("--run-dir", default=".migscale/fidelity")
+    args = ap.parse_args(argv)
+    shape = Step(duration_s=3 * args.phase_s, levels=(args.low, args.high, args.low))
+    real = run_real(shape, Path(args.run_dir))
+    sim = run_sim(shape, start_delay_s=real["start_s"])
+    out = {"scenario": {"levels_rps": list(shape.levels), "phase_s": args.phase_s, "model": "resnet",
+                        "capacity": CAPACITY, "slo_p99_ms": SLO_MS, "source": real["source"],
+                        "replica_start_s": round(real["start_s"], 2)}}
+    out.update(compare(shape, real, sim))
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

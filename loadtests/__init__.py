@@ -1,0 +1,1 @@
+"""Locust suites for Triton and the load shapes shared with the simulator."""

@@ -1,0 +1,303 @@
+"""The SLO verdict of a load test: did every model meet its latency and error targets?
+
+This sits *after* the loop: it judges what the autoscaler delivered. During a
+locust run, ``SloRecorder`` keeps its own locust ``RequestStats`` that only
+counts requests outside the excluded windows (warm-up, and the reaction windows
+in which the autoscaler is expected to be catching up with a spike), so the
+percentiles are locust's own, computed over the judged part of the run. At the
+``quitting`` event the verdict is printed as a table, written as JSON to the
+results directory, and a miss sets ``environment.process_exit_code = 1``.
+
+The verdict itself (``verdict``) is pure and unit-tested without locust.
+Missing data is never a pass: a model with an SLO but no judged requests fails
+with "no requests measured".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class SloSpecError(ValueError):
+    """A malformed SLO argument; the message names the argument and the value."""
+
+
+@dataclass(frozen=True)
+class SloTarget:
+    p99_ms: float | None = None
+    p95_ms: float | None = None
+    p50_ms: float | None = None
+    # 1% failed requests: a replica restart during a spike can fail a handful of
+    # in-flight requests; more than 1 in 100 is an outage, not a blip.
+    max_error_rate: float = 0.01
+
+
+@dataclass(frozen=True)
+class ModelResult:
+    model: str
+    requests: int
+    failures: int
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.failures / self.requests if self.requests else None
+
+
+@dataclass(frozen=True)
+class Check:
+    model: str
+    metric: str
+    target: float | None
+    actual: float | None
+    ok: bool
+    note: str = ""
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    checks: list[Check] = field(default_factory=list)
+    results: dict[str, ModelResult] = field(default_factory=dict)
+    excluded_windows_s: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def missed(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "excluded_windows_s": [list(w) for w in self.excluded_windows_s],
+            "models": {
+                m: {**asdict(r), "error_rate": r.error_rate} for m, r in sorted(self.results.items())
+            },
+            "checks": [asdict(c) for c in self.checks],
+        }
+
+    def table(self) -> str:
+        rows = [("model", "metric", "target", "actual", "verdict")]
+        for c in self.checks:
+            rows.append((
+                c.model,
+                c.metric,
+                _fmt(c.target, c.metric),
+                _fmt(c.actual, c.metric) if c.actual is not None else (c.note or "n/a"),
+                "ok" if c.ok else "MISS",
+            ))
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines.append(f"SLO verdict: {'PASS' if self.passed else 'FAIL'}"
+                     + (f" ({len(self.missed)} missed)" if not self.passed else ""))
+        return "\n".join(lines)
+
+
+def _fmt(v: float | None, metric: str) -> str:
+    if v is None:
+        return "-"
+    if metric == "error_rate":
+        return f"{100 * v:.2f}%"
+    return f"{v:.1f} ms"
+
+
+def verdict(
+    results: Mapping[str, ModelResult],
+    targets: Mapping[str, SloTarget],
+    excluded_windows_s: Sequence[tuple[float, float]] = (),
+) -> Verdict:
+    """Check each model that has a target; models without a target are reported but not judged."""
+    checks: list[Check] = []
+    for model in sorted(targets):
+        t = targets[model]
+        r = results.get(model)
+        if r is None or r.requests == 0:
+            checks.append(Check(model, "requests", None, None, False, "no requests measured"))
+            continue
+        for metric in ("p50_ms", "p95_ms", "p99_ms"):
+            target = getattr(t, metric)
+            if target is None:
+                continue
+            actual = getattr(r, metric)
+            checks.append(Check(model, metric, target, actual, actual is not None and actual <= target))
+        er = r.error_rate
+        checks.append(Check(model, "error_rate", t.max_error_rate, er, er is not None and er <= t.max_error_rate))
+    return Verdict(passed=all(c.ok for c in checks), checks=checks, results=dict(results),
+                   excluded_windows_s=list(excluded_windows_s))
+
+
+# ---------------------------------------------------------------- argument parsing
+
+
+def parse_windows(text: str | None) -> list[tuple[float, float]]:
+    """``"0-10,48-60"`` -> [(0, 10), (48, 60)]: seconds since the test started, end exclusive."""
+    out: list[tuple[float, float]] = []
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            a, b = (float(x) for x in part.split("-", 1))
+        except ValueError:
+            raise SloSpecError(f"slo-ignore: each window must be START-END in seconds, got {part!r}") from None
+        if not (math.isfinite(a) and math.isfinite(b)) or a < 0 or b <= a:
+            raise SloSpecError(f"slo-ignore: window must have 0 <= START < END, got {part!r}")
+        out.append((a, b))
+    return out
+
+
+def in_windows(t_s: float, windows: Iterable[tuple[float, float]]) -> bool:
+    return any(a <= t_s < b for a, b in windows)
+
+
+def parse_slo_overrides(text: str | None) -> dict[str, dict[str, float]]:
+    """``"resnet:p99_ms=5;bert:p99_ms=40,max_error_rate=0"`` -> per-model target fields."""
+    allowed = {"p50_ms", "p95_ms", "p99_ms", "max_error_rate"}
+    out: dict[str, dict[str, float]] = {}
+    for part in (text or "").split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        if ":" not in part:
+            raise SloSpecError(f"slo: each item must be MODEL:key=value[,key=value], got {part!r}")
+        model, kvs = part.split(":", 1)
+        fields: dict[str, float] = {}
+        for kv in kvs.split(","):
+            if "=" not in kv:
+                raise SloSpecError(f"slo.{model}: expected key=value, got {kv!r}")
+            k, v = (x.strip() for x in kv.split("=", 1))
+            if k not in allowed:
+                raise SloSpecError(f"slo.{model}.{k}: unknown target (allowed: {sorted(allowed)}), got {k!r}")
+            try:
+                fv = float(v)
+            except ValueError:
+                raise SloSpecError(f"slo.{model}.{k}: must be a number, got {v!r}") from None
+            if not math.isfinite(fv) or fv < 0:
+                raise SloSpecError(f"slo.{model}.{k}: must be >= 0, got {v!r}")
+            fields[k] = fv
+        out[model.strip()] = fields
+    return out
+
+
+def targets_from_models(
+    models_yaml: str | None,
+    overrides: Mapping[str, Mapping[str, float]] | None = None,
+    only: Iterable[str] | None = None,
+    max_error_rate: float = 0.01,
+) -> dict[str, SloTarget]:
+    """SLO targets from ``models.yaml`` (via ``autoscaler.config.load_models``), then overrides."""
+    base: dict[str, dict[str, float | None]] = {}
+    if models_yaml:
+        from autoscaler.config import load_models
+
+        cfg = load_models(models_yaml)
+        for m in cfg.models:
+            slo = getattr(m, "slo", None)
+            base[m.name] = {k: getattr(slo, k, None) for k in ("p50_ms", "p95_ms", "p99_ms")}
+    for model, fields in (overrides or {}).items():
+        base.setdefault(model, {}).update(fields)
+    wanted = set(only) if only is not None else None
+    out = {}
+    for model, fields in base.items():
+        if wanted is not None and model not in wanted:
+            continue
+        f = dict(fields)
+        f.setdefault("max_error_rate", max_error_rate)
+        out[model] = SloTarget(**{k: (float(v) if v is not None else None) for k, v in f.items()})
+    return out
+
+
+# ---------------------------------------------------------------- locust side
+
+
+class SloRecorder:
+    """Counts, in a separate locust ``RequestStats``, only the requests outside excluded windows.
+
+    The window clock starts at ``test_start`` (the first tick of the load shape), so
+    ``--slo-warmup-s 5`` means "ignore requests sent in the first 5 s of load".
+    """
+
+    def __init__(self, windows: Sequence[tuple[float, float]]) -> None:
+        from locust.stats import RequestStats
+
+        self.windows = list(windows)
+        self.stats = RequestStats(use_response_times_cache=False)
+        self.started: float | None = None
+        self.excluded = 0
+
+    def start(self, **_kw: Any) -> None:
+        if self.started is None:
+            self.started = time.time()
+
+    def on_request(self, request_type: str, name: str, response_time: float, response_length: int,
+                   exception: BaseException | None = None, **_kw: Any) -> None:
+        t = time.time() - (self.started if self.started is not None else time.time())
+        # judge by when the request was sent, not when it came back
+        t -= (response_time or 0) / 1000.0
+        if in_windows(t, self.windows):
+            self.excluded += 1
+            return
+        self.stats.log_request(request_type, name, response_time, response_length)
+        if exception is not None:
+            self.stats.log_error(request_type, name, exception)
+
+    def results(self) -> dict[str, ModelResult]:
+        merged: dict[str, list] = {}
+        for (name, _method), e in self.stats.entries.items():
+            merged.setdefault(name, []).append(e)
+        out = {}
+        for name, entries in merged.items():
+            # one model over several request types (http and grpc in one run) is judged as one
+            e = entries[0]
+            if len(entries) > 1:
+                from locust.stats import StatsEntry
+
+                e = StatsEntry(self.stats, name, "mixed")
+                for x in entries:
+                    e.extend(x)
+            n = e.num_requests
+            p50, p95, p99 = (float(e.get_response_time_percentile(q)) if n else None for q in (0.5, 0.95, 0.99))
+            out[name] = ModelResult(name, n, e.num_failures, p50, p95, p99)
+        return out
+
+
+def install(environment: Any, targets: Mapping[str, SloTarget], windows: Sequence[tuple[float, float]],
+            results_dir: str | None) -> SloRecorder:
+    """Hook the recorder into a locust Environment; the verdict is taken at ``quitting``."""
+    rec = SloRecorder(windows)
+    environment.events.test_start.add_listener(rec.start)
+    environment.events.request.add_listener(rec.on_request)
+
+    def on_quitting(environment: Any, **_kw: Any) -> None:
+        opts = getattr(environment, "parsed_options", None)
+        if getattr(opts, "csv_prefix", None):
+            # locust rewrites its CSV files once a second (CSV_STATS_INTERVAL_SEC) and does not
+            # write them again at exit; one more interval makes the files hold the final counts
+            import gevent
+            from locust.stats import CSV_STATS_INTERVAL_SEC
+
+            gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.2)
+        v = verdict(rec.results(), targets, windows)
+        print(v.table(), flush=True)
+        if results_dir:
+            p = Path(results_dir)
+            p.mkdir(parents=True, exist_ok=True)
+            doc = v.to_json() | {"requests_excluded": rec.excluded}
+            (p / "slo.json").write_text(json.dumps(doc, indent=2) + "\n")
+        if not v.passed:
+            environment.process_exit_code = 1
+        elif targets:
+            # every judged model met its targets, including the error budget: a few failed
+            # requests inside that budget must not fail the run through locust's own rule
+            environment.process_exit_code = 0
+
+    environment.events.quitting.add_listener(on_quitting)
+    return rec

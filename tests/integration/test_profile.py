@@ -1,0 +1,89 @@
+"""``migscale profile`` against real tritonserver replicas on emulated MIG slices.
+
+The emulated slices pad each batch to ``batch1_ms + (batch-1) * per_item_ms``
+(``emulation.json``), so a saturated replica serves ``b * 1000 / batch_ms(b)``
+req/s at average batch ``b``. Profiling on two profiles must reproduce the
+ratio of those two numbers, each taken at the average batch Triton reported.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autoscaler.act.emulation import expected_batch_ms
+from autoscaler.config import load_capacity_file
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+RESNET = REPO / "triton_models" / "resnet"
+MIGSCALE = str(Path(sys.executable).parent / "migscale")
+
+
+def write_configs(tmp: Path, p99_ms: float) -> tuple[Path, Path]:
+    models = tmp / "models.yaml"
+    models.write_text(f"models:\n  - name: resnet\n    model_dir: {RESNET}\n    slo: {{p99_ms: {p99_ms}}}\n")
+    cluster = tmp / "cluster.yaml"
+    cluster.write_text("gpus:\n  - {node: node-a, product: A100-SXM4-80GB, count: 1, emulated: true}\n")
+    return models, cluster
+
+
+def test_capacity_ratio_matches_emulated_speed_curve(tmp_path):
+    # A generous SLO: both profiles reach saturation (batch ~8), where the curve is steepest.
+    models, cluster = write_configs(tmp_path, p99_ms=2000)
+    out = tmp_path / "capacity.yaml"
+    p = subprocess.run([MIGSCALE, "profile", str(models), str(cluster), "--profiles", "1g.10gb,3g.40gb",
+                        "--out", str(out), "--point-s", "2", "--min-requests", "100", "--max-concurrency", "32"],
+                       capture_output=True, text=True, check=False, timeout=280, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    # what the planner reads
+    table = load_capacity_file(out)["resnet"]
+    assert set(table) == {"1g.10gb", "3g.40gb"}
+    measured = yaml.safe_load(out.read_text())["measured"]["resnet"]
+
+    def expected_rps(profile: str, kind: str) -> float:
+        b = measured[profile]["avg_batch_at_capacity"]
+        assert b is not None and b >= 1
+        return b * 1000.0 / expected_batch_ms(RESNET, kind, b)
+
+    want = expected_rps("3g.40gb", "3g") / expected_rps("1g.10gb", "1g")
+    got = table["3g.40gb"] / table["1g.10gb"]
+    assert got == pytest.approx(want, rel=0.15), (got, want, measured)
+    # every point carries Triton's own batch figure and client-side percentiles
+    for prof in ("1g.10gb", "3g.40gb"):
+        pts = measured[prof]["points"]
+        assert pts[0]["concurrency"] == 1 and all(pt["p99_ms"] >= pt["p50_ms"] for pt in pts)
+        assert all(pt["requests"] >= 100 or pt["unstable"] for pt in pts)
+    png = out.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_slo_no_profile_can_meet_exits_3(tmp_path):
+    # 1g pads a batch of one to 31.4 ms: a 5 ms p99 is out of reach at any concurrency.
+    models, cluster = write_configs(tmp_path, p99_ms=5)
+    out = tmp_path / "capacity.yaml"
+    p = subprocess.run([MIGSCALE, "profile", str(models), str(cluster), "--profiles", "1g.10gb",
+                        "--out", str(out), "--point-s", "1", "--min-requests", "20"],
+                       capture_output=True, text=True, check=False, timeout=120, cwd=tmp_path)
+    assert p.returncode == 3, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "resnet: no profile meets its SLO p99 <= 5 ms" in p.stderr
+    assert "Traceback" not in p.stderr
+    doc = yaml.safe_load(out.read_text())
+    assert doc["models"] == {}
+    pts = doc["measured"]["resnet"]["1g.10gb"]["points"]
+    # stopped at the first point: p99 > 2x SLO
+    assert len(pts) == 1 and pts[0]["p99_ms"] > 10
+    assert doc["measured"]["resnet"]["1g.10gb"]["stop"] == "p99 above 2x SLO"
+
+
+def test_profile_not_allowed_is_a_usage_error(tmp_path):
+    models, cluster = write_configs(tmp_path, p99_ms=100)
+    p = subprocess.run([MIGSCALE, "profile", str(models), str(cluster), "--profiles", "9g.99gb"],
+                       capture_output=True, text=True, check=False, timeout=60, cwd=tmp_path)
+    assert p.returncode == 2
+    assert "--profiles: '9g.99gb' is not allowed for resnet" in p.stderr

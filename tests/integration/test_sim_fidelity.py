@@ -1,0 +1,34 @@
+"""Simulator fidelity against the real local cluster (real tritonserver replicas, nginx, Prometheus).
+
+The same step load (low -> high -> low, 40 s each) runs through the front
+door of a ``LocalCluster`` driven by the production ``ControlLoop`` and
+through ``SimCluster`` with the local backend's delays. The simulator must
+predict when the loop scales up (within 20% or 10 s) and how far (peak
+replica count within one). The full comparison, p99 included, is
+``benchmarks/fidelity.py``. Everything on 127.0.0.1; stopped in finally.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+
+def test_simulator_predicts_the_real_scale_up(tmp_path):
+    import fidelity as fid
+
+    shape = fid.Step(duration_s=120.0, levels=(12.0, 70.0, 12.0))
+    real = fid.run_real(shape, tmp_path / "run")
+    sim = fid.run_sim(shape, start_delay_s=real["start_s"])
+    out = fid.compare(shape, real, sim)
+    assert out["requests"]["sent"] > 0
+    r_up, s_up = out["first_scale_up_s"]["real"], out["first_scale_up_s"]["sim"]
+    assert r_up is not None and s_up is not None, out
+    assert abs(r_up - s_up) <= max(10.0, 0.2 * r_up), out
+    assert abs(out["replicas_max"]["real"] - out["replicas_max"]["sim"]) <= 1, out

@@ -1,0 +1,491 @@
+"""The Kubernetes controller end to end against the fake API server: tick, leadership, CLI, TLS rule."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from k8s_helpers import gpu_node
+from typer.testing import CliRunner
+
+from autoscaler.act.k8s_config import build_backend
+from autoscaler.cli import app
+from autoscaler.clock import VirtualClock
+from autoscaler.config import load_cluster, load_models, model_specs
+from autoscaler.fakes import FakeMetricsSource
+from autoscaler.k8s_controller import KubernetesController
+from autoscaler.observe.queries import Queries
+from autoscaler.policy.types import ActionKind
+
+T0 = 1_800_000_000.0
+LEASE_NS = "migscale-system"
+DEPLOY = "resnet-1g-10gb"
+
+MODELS = """
+models:
+  - name: resnet
+    model_dir: models/resnet
+    slo: {p99_ms: 150}
+    profiles: [1g.10gb]
+    min_replicas: 1
+    max_replicas: 8
+    capacity: {1g.10gb: 58}
+"""
+CLUSTER = """
+namespace: default
+gpus:
+  - {node: node-a, product: A100-SXM4-80GB, count: 1, emulated: false}
+policy: {tick_s: 5}
+"""
+
+
+@pytest.fixture
+def configs(tmp_path: Path) -> tuple[Path, Path]:
+    (tmp_path / "models.yaml").write_text(MODELS)
+    (tmp_path / "cluster.yaml").write_text(CLUSTER)
+    return tmp_path / "models.yaml", tmp_path / "cluster.yaml"
+
+
+@pytest.fixture
+def make_controller(fake, configs, tmp_path) -> Iterator:
+    """Controllers sharing one fake cluster (seven 1g slices on node-a) and one virtual clock."""
+    fake.put_object(gpu_node("node-a", {"1g.10gb": 7}, config="all-1g.10gb"))
+    models_cfg, cluster_cfg = load_models(configs[0]), load_cluster(configs[1])
+    made: list[KubernetesController] = []
+
+    def make(identity: str, clock: VirtualClock, rps: float | None = 150.0) -> KubernetesController:
+        be = build_backend(
+            model_specs(models_cfg, cluster_cfg),
+            cluster_cfg,
+            host=fake.url,
+            identity=identity,
+            lease_namespace=LEASE_NS,
+            clock=clock,
+        )
+        src = FakeMetricsSource()
+        src.set_rate("resnet", rps)
+        ctl = KubernetesController(
+            be, src, models_cfg, cluster_cfg, clock=clock, decision_log=tmp_path / f"{identity}.jsonl"
+        )
+        made.append(ctl)
+        return ctl
+
+    try:
+        yield make
+    finally:
+        for c in made:
+            c.close()
+
+
+def writes_by(fake, identity: str) -> list:
+    return [r for r in fake.writes(f"migscale/{identity}") if "/leases" not in r.path]
+
+
+def creates(result, profile: str = "1g.10gb") -> int:
+    return sum(1 for a in result.actions if a.kind is ActionKind.CREATE and a.profile == profile)
+
+
+def test_one_tick_with_demand_creates_deployment_and_hpa(fake, make_controller, tmp_path):
+    ctl = make_controller("a", VirtualClock(T0))
+    result = ctl.tick()
+    assert result.ok and not result.gated, result.errors
+    n = creates(result)
+    assert n >= 1  # 150 req/s with no replica: scale up
+    dep = fake.get("Deployment", DEPLOY)
+    assert dep["spec"]["replicas"] == n  # what the plan asked for is what the cluster holds
+    limits = dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/mig-1g.10gb": 1}
+    hpa = fake.get("HorizontalPodAutoscaler", DEPLOY)
+    assert hpa["spec"]["scaleTargetRef"]["name"] == DEPLOY
+    assert hpa["metadata"]["ownerReferences"][0]["uid"] == dep["metadata"]["uid"]
+    assert fake.get("Service", "resnet") is not None
+    assert fake.get("Lease", "migscale-controller", LEASE_NS)["spec"]["holderIdentity"] == "a"
+    # the tick is published to the metrics API and logged (it acted)
+    assert ctl.api_state.ready
+    status = json.loads(ctl.api_state.snapshot.status_body)
+    assert status["leader"] is True and status["last_tick"]["acted"] is True
+    assert f"created Deployment/{DEPLOY}" in status["apply_calls"]
+    log = [json.loads(line) for line in (tmp_path / "a.jsonl").read_text().splitlines()]
+    assert len(log) == 1 and sum(a["kind"] == "create" for a in log[0]["actions"]) == n
+
+
+def test_two_controllers_only_the_leader_writes(fake, make_controller, tmp_path):
+    clock = VirtualClock(T0)
+    a, b = make_controller("a", clock), make_controller("b", clock)
+    assert a.check_lease().leader  # a holds the lease first
+    rb = b.tick()  # b follows: observes and decides, its actuator is a shadow
+    ra = a.tick()
+    assert a.role.leader and not b.role.leader and b.role.holder == "a"
+    assert writes_by(fake, "a") and writes_by(fake, "b") == []
+    assert fake.get("Deployment", DEPLOY)["spec"]["replicas"] == creates(ra)
+    # the follower reached the same decision from its own observation but wrote nothing
+    assert rb.ok and len(b.gate.shadow_calls) == 1
+    assert sum(a.kind is ActionKind.CREATE for a in b.gate.shadow_calls[0]) == creates(ra)
+    assert not (tmp_path / "b.jsonl").exists()  # ... and logged nothing it did not do
+    # ... and still serves the metrics API, saying who leads
+    assert b.api_state.ready
+    st = json.loads(b.api_state.snapshot.status_body)
+    assert st["leader"] is False and st["holder"] == "a" and st["last_tick"]["acted"] is False
+
+    # a shuts down (SIGTERM -> close): the lease is released, b takes over at once
+    a.close()
+    clock.advance(5)
+    dep = fake.get("Deployment", DEPLOY)
+    dep["status"] = {"replicas": dep["spec"]["replicas"], "readyReplicas": dep["spec"]["replicas"]}
+    fake.put_object(dep)  # its pods came up: nothing converging any more
+    b.source.set_rate("resnet", 400.0)  # and demand rose
+    before = dep["spec"]["replicas"]
+    rb2 = b.tick()
+    assert b.role.leader and "took over" in b.role.reason
+    assert rb2.ok and creates(rb2) >= 1, (rb2.errors, rb2.reasons)
+    assert writes_by(fake, "b")
+    assert fake.get("Deployment", DEPLOY)["spec"]["replicas"] == before + creates(rb2)
+
+
+def test_leader_renews_the_lease_between_long_ticks(fake, make_controller):
+    clock = VirtualClock(T0)
+    a, b = make_controller("a", clock), make_controller("b", clock)
+    a.tick()
+    a._wait(30.0, threading.Event())  # a 30 s tick is twice the 15 s lease
+    assert clock.now() == T0 + 30
+    assert not b.check_lease().leader  # a renewed on the way: still a's
+    renewals = [r for r in fake.writes("migscale/a") if r.method == "PUT" and "/leases/" in r.path]
+    assert len(renewals) >= 30 // 5
+
+
+def test_follower_and_leader_serve_the_metrics_api(fake, make_controller):
+    clock = VirtualClock(T0)
+    a, b = make_controller("a", clock), make_controller("b", clock)
+    handles = [c.start_api("127.0.0.1", 0) for c in (a, b)]
+    with httpx.Client(timeout=10) as http:
+        assert all(http.get(f"{h.url}/readyz").status_code == 503 for h in handles)  # no tick yet
+        assert a.check_lease().leader
+        b.tick()  # before a acts: once a's Deployment converges, a fresh follower only observes
+        a.tick()
+        for h, leader in zip(handles, (True, False)):
+            assert http.get(f"{h.url}/readyz").status_code == 200
+            assert http.get(f"{h.url}/v1/status").json()["leader"] is leader
+            plan = http.get(f"{h.url}/v1/plan").json()
+            assert plan["plan"] is not None
+
+
+def test_blind_tick_holds_and_writes_nothing_but_the_lease(fake, make_controller):
+    ctl = make_controller("a", VirtualClock(T0), rps=None)
+    ctl.source.outage = True  # Prometheus down
+    result = ctl.tick()
+    assert not result.source_ok
+    assert not any(a.kind is ActionKind.DELETE for a in result.actions)
+    assert fake.get("Lease", "migscale-controller", LEASE_NS)["spec"]["holderIdentity"] == "a"
+
+
+# ---------------------------------------------------------------- CLI
+
+
+class FakePrometheus:
+    """/api/v1/query on 127.0.0.1: a request rate for resnet, nothing for any other query."""
+
+    def __init__(self, rps: float, window_s: float = 60.0) -> None:
+        rate_q = Queries(replica_label="pod").render("request_rate", window_s)
+        self.queries: list[str] = []
+        owner = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                u = urllib.parse.urlparse(self.path)
+                q = urllib.parse.parse_qs(u.query).get("query", [""])[0]
+                owner.queries.append(q)
+                result = (
+                    [{"metric": {"model": "resnet"}, "value": [time.time(), str(rps)]}] if q == rate_q else []
+                )
+                body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}})
+                self.send_response(200 if u.path == "/api/v1/query" else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        threading.Thread(target=self.srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self) -> None:
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+@pytest.fixture
+def prometheus() -> Iterator[FakePrometheus]:
+    p = FakePrometheus(150.0)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def test_cli_once_ticks_against_the_cluster_and_exits_0(fake, configs, prometheus):
+    fake.put_object(gpu_node("node-a", {"1g.10gb": 7}, config="all-1g.10gb"))
+    out = CliRunner().invoke(
+        app,
+        [
+            "controller",
+            str(configs[0]),
+            str(configs[1]),
+            "--once",
+            "--kube-host",
+            fake.url,
+            "--prometheus",
+            prometheus.url,
+            "--identity",
+            "cli-1",
+            "--lease-namespace",
+            LEASE_NS,
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.stdout)
+    assert report["leader"] is True and report["last_tick"]["ok"] is True
+    n = sum(a["kind"] == "create" for a in report["last_tick"]["actions"])
+    assert n >= 1 and fake.get("Deployment", DEPLOY)["spec"]["replicas"] == n
+    assert prometheus.queries  # it really observed through Prometheus
+    # the lease is given back on exit, so a real controller need not wait 15 s
+    assert "holderIdentity" not in fake.get("Lease", "migscale-controller", LEASE_NS)["spec"]
+
+
+def test_cli_refuses_plain_http_without_insecure_flag(configs):
+    out = CliRunner().invoke(
+        app, ["controller", str(configs[0]), str(configs[1]), "--kube-host", "http://127.0.0.1:9"]
+    )
+    assert out.exit_code == 2
+    assert "refusing to serve the metrics API without TLS" in out.output and "--insecure-http" in out.output
+    assert "Traceback" not in out.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--backend", "local"], "--backend: must be kubernetes"),
+        (
+            ["--tls-cert", "/nonexistent/tls.crt", "--tls-key", "/nonexistent/tls.key"],
+            "--tls-cert: file not found",
+        ),
+        (["--tls-cert", "/nonexistent/tls.crt"], "--tls-key: required"),
+        (
+            ["--insecure-http", "--requestheader-allowed-names", "front-proxy-client"],
+            "--requestheader-allowed-names: needs --client-ca",
+        ),
+    ],
+)
+def test_cli_bad_options_exit_2_naming_the_option(configs, args, message):
+    out = CliRunner().invoke(app, ["controller", str(configs[0]), str(configs[1]), *args])
+    assert out.exit_code == 2 and message in out.output, out.output
+
+
+def test_cli_bad_config_exits_2(configs):
+    configs[1].write_text(CLUSTER.replace("tick_s: 5", "tick_s: -1"))
+    out = CliRunner().invoke(
+        app, ["controller", str(configs[0]), str(configs[1]), "--once", "--kube-host", "http://127.0.0.1:9"]
+    )
+    assert out.exit_code == 2 and "tick_s" in out.output and "Traceback" not in out.output
+
+
+def test_sigterm_stops_the_controller_and_releases_the_lease(fake, configs, prometheus):
+    """A real process: serve over plain HTTP, hold the lease, SIGTERM -> exit 0 with the lease given back."""
+    fake.put_object(gpu_node("node-a", {"1g.10gb": 7}, config="all-1g.10gb"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "autoscaler",
+        "controller",
+        str(configs[0]),
+        str(configs[1]),
+        "--kube-host",
+        fake.url,
+        "--prometheus",
+        prometheus.url,
+        "--identity",
+        "pod-1",
+        "--lease-namespace",
+        LEASE_NS,
+        "--insecure-http",
+        "--port",
+        "0",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            lease = fake.get("Lease", "migscale-controller", LEASE_NS)
+            if lease and lease["spec"].get("holderIdentity") == "pod-1" and fake.get("Deployment", DEPLOY):
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()
+        assert fake.get("Deployment", DEPLOY) is not None  # it acted
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert "lease released" in err
+        assert "holderIdentity" not in fake.get("Lease", "migscale-controller", LEASE_NS)["spec"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_cli_pair_problems_still_exit_2(configs):
+    configs[0].write_text(MODELS.replace("    capacity: {1g.10gb: 58}\n", ""))
+    out = CliRunner().invoke(
+        app, ["controller", str(configs[0]), str(configs[1]), "--once", "--kube-host", "http://127.0.0.1:9"]
+    )
+    assert out.exit_code == 2 and "models[0]" in out.output, out.output
+    assert "model_dir" not in out.output  # the model repository lives in the Triton pods, not here
+
+
+def test_deployment_manifest_args_parse_with_the_real_cli():
+    import typer.main
+    import yaml
+
+    root = Path(__file__).resolve().parents[2] / "k8s" / "base"
+    dep = yaml.safe_load((root / "deployment.yaml").read_text())
+    containers = dep["spec"]["template"]["spec"]["containers"]
+    ours = [c for c in containers if c["args"][0] == "controller"]
+    assert len(ours) == 1  # one process acts and serves
+    args = ours[0]["args"]
+    cmd = typer.main.get_command(app).commands["controller"]  # type: ignore[attr-defined]
+    ctx = cmd.make_context("controller", list(args[1:]))  # raises on an unknown flag
+    p = ctx.params
+    assert p["backend"] == "kubernetes" and p["leader_elect"] is True
+    assert p["tls_cert"] and p["tls_key"] and not p["insecure_http"] and not p["once"]
+    assert p["client_ca_from_cluster"] and p["prometheus"]
+    mounts = {m["mountPath"] for m in ours[0]["volumeMounts"]}
+    assert "/tmp" in mounts  # where the cluster's client CA is written (read-only root fs)
+    assert Path(p["tls_cert"]).parent.as_posix() in mounts
+    assert Path(p["models"]).parent.as_posix() in mounts and Path(p["cluster"]).parent.as_posix() in mounts
+    port = next(x["containerPort"] for x in ours[0]["ports"] if x["name"] == "https")
+    assert p["port"] == port and p["host"] == "0.0.0.0"
+    env = {e["name"] for e in ours[0]["env"]}
+    assert {"POD_NAME", "POD_NAMESPACE"} <= env  # Lease identity and namespace
+
+
+def test_metrics_api_over_tls_with_the_aggregator_client_certificate(make_controller, tmp_path):
+    import ssl
+
+    import trustme
+
+    from autoscaler.commands.controller import _tls_or_exit
+
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    server.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
+    server.cert_chain_pems[0].write_to_path(str(tmp_path / "tls.crt"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
+    proxy = ca.issue_cert("front-proxy-client", common_name="front-proxy-client")
+    # the same flags the CLI takes: cert, key, client CA, allowed names
+    tls = _tls_or_exit(
+        str(tmp_path / "tls.crt"),
+        str(tmp_path / "tls.key"),
+        str(tmp_path / "ca.crt"),
+        "front-proxy-client",
+        insecure_http=False,
+        serving=True,
+    )
+    ctl = make_controller("a", VirtualClock(T0))
+    handle = ctl.start_api("127.0.0.1", 0, tls)
+    assert handle.url.startswith("https://")
+    ctl.tick()
+
+    def ctx(cert=None) -> ssl.SSLContext:
+        c = ssl.create_default_context()
+        ca.configure_trust(c)
+        if cert is not None:
+            cert.configure_cert(c)
+        return c
+
+    with httpx.Client(verify=ctx(), timeout=10) as anon:
+        assert anon.get(f"{handle.url}/readyz").status_code == 200  # kubelet probe: no client cert
+        assert anon.get(f"{handle.url}/v1/status").status_code == 401
+    with httpx.Client(verify=ctx(proxy), timeout=10) as aggregator:
+        assert aggregator.get(f"{handle.url}/v1/status").json()["leader"] is True
+
+
+def test_client_ca_from_the_cluster_admits_only_the_front_proxy(fake, connect, make_controller, tmp_path):
+    import ssl
+
+    import trustme
+
+    from autoscaler.api.tls import TlsSettings
+    from autoscaler.commands.controller import cluster_client_ca
+
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    server.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
+    server.cert_chain_pems[0].write_to_path(str(tmp_path / "tls.crt"))
+    fake.put_object(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "extension-apiserver-authentication", "namespace": "kube-system"},
+            "data": {
+                "requestheader-client-ca-file": ca.cert_pem.bytes().decode(),
+                "requestheader-allowed-names": '["front-proxy-client"]',
+            },
+        }
+    )
+    tls = cluster_client_ca(connect(), TlsSettings(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key")))
+    assert tls.allowed_names == ("front-proxy-client",) and Path(tls.client_ca_file).is_file()
+    ctl = make_controller("a", VirtualClock(T0))
+    handle = ctl.start_api("127.0.0.1", 0, tls)
+    ctl.tick()
+
+    def client(cn: str) -> httpx.Client:
+        c = ssl.create_default_context()
+        ca.configure_trust(c)
+        ca.issue_cert(cn, common_name=cn).configure_cert(c)
+        return httpx.Client(verify=c, timeout=10)
+
+    with client("front-proxy-client") as proxy, client("someone-else") as stranger:
+        assert proxy.get(f"{handle.url}/v1/status").status_code == 200
+        assert stranger.get(f"{handle.url}/v1/status").status_code == 403
+
+
+def test_client_ca_from_the_cluster_missing_exits_2(fake, connect, capsys):
+    import typer
+
+    from autoscaler.api.tls import TlsSettings
+    from autoscaler.commands.controller import cluster_client_ca
+
+    with pytest.raises(typer.Exit) as exc:
+        cluster_client_ca(connect(), TlsSettings("tls.crt", "tls.key"))
+    assert exc.value.exit_code == 2
+    assert "extension-apiserver-authentication has no requestheader-client-ca-file" in capsys.readouterr().err
+
+
+def test_cli_once_dry_run_decides_but_writes_nothing(fake, configs, prometheus):
+    fake.put_object(gpu_node("node-a", {"1g.10gb": 7}, config="all-1g.10gb"))
+    args = ["controller", str(configs[0]), str(configs[1]), "--once", "--dry-run"]
+    out = CliRunner().invoke(app, [*args, "--kube-host", fake.url, "--prometheus", prometheus.url])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.stdout)
+    assert report["leader"] is False and "dry run" in report["lease"]
+    assert any(a["kind"] == "create" for a in report["last_tick"]["actions"])  # it would scale up ...
+    assert report["last_tick"]["acted"] is False
+    assert fake.writes() == []  # ... but wrote nothing, not even a Lease

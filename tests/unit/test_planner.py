@@ -1,0 +1,470 @@
+"""Unit cases for the MIG planner (autoscaler.policy.planner) and its MILP reference."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autoscaler.mig import Placement, check_layout, get_product
+from autoscaler.policy.milp import solve
+from autoscaler.policy.planner import apply_plan_to_cluster, group_of, plan
+from autoscaler.policy.planner_sizing import ProfileOption, cover
+from autoscaler.policy.types import (
+    ActionKind,
+    ClusterState,
+    GpuState,
+    ModelSpec,
+    Plan,
+    Reason,
+    Replica,
+    ReplicaState,
+)
+
+A100 = "A100-SXM4-80GB"
+ALL = ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
+# ResNet-50 batch-1 shape (FACTS.md §2): small slices are far more efficient.
+LIGHT = {"1g.10gb": 127, "2g.20gb": 171, "3g.40gb": 191, "4g.40gb": 192, "7g.80gb": 192}
+# Throughput about linear in slices (large batch).
+LINEAR = {"1g.10gb": 60, "2g.20gb": 120, "3g.40gb": 180, "4g.40gb": 240, "7g.80gb": 420}
+
+
+def gpus(n: int, product: str = A100, node: str = "node", **kw) -> tuple[GpuState, ...]:
+    return tuple(GpuState(f"{node}/{i}", node, product, **kw) for i in range(n))
+
+
+def spec(name: str, caps=LIGHT, **kw) -> ModelSpec:
+    kw.setdefault("allowed_profiles", tuple(caps))
+    return ModelSpec(name=name, capacity=dict(caps), **kw)
+
+
+def churn(p: Plan) -> int:
+    return sum(1 for a in p.actions if a.kind in (ActionKind.CREATE, ActionKind.DELETE))
+
+
+def kinds(p: Plan) -> list[str]:
+    return [a.kind.value for a in p.actions]
+
+
+def check_valid(cluster: ClusterState, p: Plan) -> None:
+    """Layouts valid, every assignment on an instance of its GPU's layout, no instance shared."""
+    by_id = {g.id: g for g in cluster.gpus}
+    seen = set()
+    for a in p.assignments:
+        if a.profile == "whole":
+            assert p.layouts[a.gpu] == ()
+            continue
+        assert Placement(a.start, a.profile) in p.layouts[a.gpu]
+        assert (a.gpu, a.start) not in seen
+        seen.add((a.gpu, a.start))
+    for gid, layout in p.layouts.items():
+        assert check_layout(get_product(by_id[gid].product), layout) == []
+
+
+# ---------------------------------------------------------------- sizing
+
+
+def test_cover_prefers_efficient_small_profiles_for_a_light_model():
+    opts = [ProfileOption(n, c, get_product(A100).profiles[n].compute, 1) for n, c in LIGHT.items()]
+    # 400 req/s: 4 x 1g (4 slices, 508 req/s); a 7g (7 slices) gives only 192.
+    assert cover(400, sorted(opts, key=lambda o: -o.efficiency)) == {"1g.10gb": 4}
+
+
+def test_cover_respects_max_replicas_by_choosing_bigger_profiles():
+    opts = sorted((ProfileOption(n, c, get_product(A100).profiles[n].compute, 1) for n, c in LINEAR.items()),
+                  key=lambda o: -o.efficiency)
+    mix = cover(600, opts, 0, 2)
+    assert sum(mix.values()) <= 2
+    assert sum(LINEAR[p] * n for p, n in mix.items()) >= 600
+
+
+def test_light_model_gets_many_1g_slices_on_one_gpu():
+    cl = ClusterState(gpus=gpus(2))
+    p = plan([spec("resnet", max_replicas=16)], {"resnet": 800}, cl)
+    assert p.desired == {("resnet", "1g.10gb"): 7}
+    assert p.cost.gpus_used == 1 and p.cost.slices_used == 7
+    assert p.capacity_rps["resnet"] >= 800 and not p.shortfall
+    assert Reason.SCALE_UP_DEMAND in p.reasons["resnet"]
+    check_valid(cl, p)
+
+
+def test_unusable_profiles_are_never_chosen():
+    # 1g is missing from the capacity table (its latency breaks the SLO), 2g is
+    # not allowed, and the model needs 30 GB so 1g/2g are too small anyway.
+    caps = {"2g.20gb": 500, "3g.40gb": 150, "7g.80gb": 300}
+    m = ModelSpec("big", caps, allowed_profiles=("1g.10gb", "3g.40gb", "7g.80gb"), memory_gb=30, max_replicas=8)
+    tiny = ModelSpec("tiny", {"1g.10gb": 100, "2g.20gb": 400}, allowed_profiles=("1g.10gb", "2g.20gb"),
+                     memory_gb=15, max_replicas=8)
+    cl = ClusterState(gpus=gpus(4))
+    p = plan([m, tiny], {"big": 400, "tiny": 700}, cl)
+    assert {a.profile for a in p.assignments if a.model == "big"} <= {"3g.40gb", "7g.80gb"}
+    assert {a.profile for a in p.assignments if a.model == "tiny"} == {"2g.20gb"}
+    assert not p.shortfall
+    check_valid(cl, p)
+
+
+def test_model_without_any_usable_profile_is_a_shortfall_not_a_crash():
+    m = ModelSpec("x", {"1g.10gb": 10}, allowed_profiles=("1g.10gb",), memory_gb=40)
+    p = plan([m], {"x": 5}, ClusterState(gpus=gpus(1)))
+    assert p.assignments == () and p.shortfall == {"x": 5}
+    assert Reason.SHORTFALL in p.reasons["x"]
+
+
+# ---------------------------------------------------------------- placement
+
+
+def test_high_availability_puts_replicas_on_distinct_gpus():
+    cl = ClusterState(gpus=gpus(3))
+    p = plan([spec("a", high_availability=True)], {"a": 50}, cl)
+    mine = [a for a in p.assignments if a.model == "a"]
+    assert len(mine) == 2 and len({a.gpu for a in mine}) == 2
+    check_valid(cl, p)
+
+
+def test_high_availability_survives_scale_down():
+    cl = ClusterState(gpus=gpus(3))
+    m = spec("a", high_availability=True)
+    cl = apply_plan_to_cluster(cl, plan([m], {"a": 1500}, cl))
+    p = plan([m], {"a": 10}, cl)
+    after = apply_plan_to_cluster(cl, p)
+    assert len({r.gpu for r in after.replicas}) == 2 and len(after.replicas) == 2
+
+
+def test_high_availability_fails_loudly_on_one_gpu():
+    p = plan([spec("a", high_availability=True)], {"a": 50}, ClusterState(gpus=gpus(1)))
+    assert Reason.SHORTFALL in p.reasons["a"] or len({a.gpu for a in p.assignments}) >= 2
+
+
+def test_existing_replicas_stay_where_they_are():
+    cl = ClusterState(
+        gpus=gpus(2, layout=(Placement(0, "3g.40gb"), Placement(4, "3g.40gb"))),
+        replicas=(Replica("a-0", "a", "3g.40gb", "node/1", 4, ReplicaState.READY),),
+    )
+    # 3g is this model's only profile: 180 req/s per replica; 300 needs one more.
+    m = spec("a", {"3g.40gb": 180}, max_replicas=4)
+    p = plan([m], {"a": 300}, cl)
+    assert any(a.replica == "a-0" and a.gpu == "node/1" and a.start == 4 for a in p.assignments)
+    # The new one reuses the existing empty 3g instance beside it: no repartition.
+    assert kinds(p) == ["create", "wait_ready"]
+    assert p.actions[0].gpu == "node/1" and p.actions[0].start == 0
+    assert p.cost.gpus_used == 1 and p.cost.gpus_repartitioned == 0
+
+
+def test_consolidation_frees_a_whole_gpu():
+    # Two GPUs, each with one small replica: both fit on one GPU.
+    lay = (Placement(0, "1g.10gb"), Placement(1, "1g.10gb"))
+    cl = ClusterState(
+        gpus=gpus(2, layout=lay),
+        replicas=(
+            Replica("a-0", "a", "1g.10gb", "node/0", 0, ReplicaState.READY),
+            Replica("a-1", "a", "1g.10gb", "node/1", 0, ReplicaState.READY),
+        ),
+    )
+    p = plan([spec("a")], {"a": 200}, cl)
+    assert p.cost.gpus_used == 1
+    assert Reason.CONSOLIDATE in p.reasons["a"]
+    assert [a.kind for a in p.actions] == [ActionKind.CREATE, ActionKind.WAIT_READY, ActionKind.DRAIN,
+                                           ActionKind.DELETE]
+    # make-before-break: the moved replica's copy is created on node/0 before node/1's drains
+    assert p.actions[0].gpu == "node/0" and p.actions[2].gpu == "node/1"
+    after = apply_plan_to_cluster(cl, p)
+    assert {r.gpu for r in after.replicas} == {"node/0"}
+    assert plan([spec("a")], {"a": 200}, after).actions == ()
+
+
+def test_repartition_only_after_the_affected_instances_are_empty():
+    # node/0 runs a 7g replica of "a"; demand drops and "b" needs 1g slices.
+    cl = ClusterState(
+        gpus=gpus(1, layout=(Placement(0, "7g.80gb"),)),
+        replicas=(Replica("a-0", "a", "7g.80gb", "node/0", 0, ReplicaState.READY),),
+    )
+    a = spec("a", LINEAR, min_replicas=0)
+    b = spec("b", LIGHT)
+    p = plan([a, b], {"a": 0, "b": 300}, cl)
+    order = kinds(p)
+    assert order.index("delete") < order.index("repartition") < order.index("create")
+    check_valid(cl, p)
+    assert_actions_are_safe(cl, p, [a, b])
+
+
+def test_repartition_never_evicts_a_serving_replica_of_the_same_model():
+    # Two GPUs, "a" runs on a 7g on each (300 req/s); its optimum for 280 is
+    # 3 x 1g (3 slices instead of 14) but those need the 7g's space, and
+    # dropping either 7g first would leave 150 < 280: the switch is deferred.
+    cl = ClusterState(
+        gpus=gpus(2, layout=(Placement(0, "7g.80gb"),)),
+        replicas=(Replica("a-0", "a", "7g.80gb", "node/0", 0, ReplicaState.READY),
+                  Replica("a-1", "a", "7g.80gb", "node/1", 0, ReplicaState.READY)),
+    )
+    m = spec("a", {"1g.10gb": 100, "7g.80gb": 150}, max_replicas=8)
+    p = plan([m], {"a": 280}, cl)
+    assert_actions_are_safe(cl, p, [m])
+    assert not any(a.kind is ActionKind.DELETE for a in p.actions)
+    assert Reason.CHURN_BUDGET in p.reasons["a"]
+
+
+def assert_actions_are_safe(cluster: ClusterState, p: Plan, models: list[ModelSpec]) -> None:
+    """Replay the actions: a REPARTITION keeps every instance that still holds a replica,
+    a CREATE lands on a free instance of the current layout, and each model's serving
+    req/s never drops below min(before, after, target) (make-before-break)."""
+    caps = {m.name: m.capacity for m in models}
+
+    def rps(r: Replica) -> float:
+        return float(caps.get(r.model, {}).get(r.profile, 0.0))
+
+    present = {r.id: r for r in cluster.replicas}
+    layouts = {g.id: set(g.layout) for g in cluster.gpus}
+    serving: dict[str, float] = {}
+    for r in cluster.replicas:
+        if r.state in (ReplicaState.READY, ReplicaState.STARTING):
+            serving[r.model] = serving.get(r.model, 0.0) + rps(r)
+    before = dict(serving)
+    after: dict[str, float] = {}
+    for a in p.assignments:
+        after[a.model] = after.get(a.model, 0.0) + float(caps.get(a.model, {}).get(a.profile, 0.0))
+    for act in p.actions:
+        if act.kind is ActionKind.REPARTITION:
+            new = set(act.layout or ())
+            for r in present.values():
+                if r.gpu == act.gpu:
+                    assert r.profile != "whole" and Placement(r.start, r.profile) in new, \
+                        f"repartition of {act.gpu} evicts {r.id}"
+            layouts[act.gpu] = new
+        elif act.kind is ActionKind.CREATE:
+            if act.profile != "whole":
+                assert Placement(act.start, act.profile) in layouts[act.gpu], "create on a missing instance"
+                prof = get_product(cluster.gpu(act.gpu).product).profiles[act.profile]
+                for r in present.values():
+                    if r.gpu == act.gpu and r.profile != "whole":
+                        other = get_product(cluster.gpu(r.gpu).product).profiles[r.profile]
+                        assert act.start + prof.mem_slots <= r.start or r.start + other.mem_slots <= act.start, \
+                            f"create {act.replica} overlaps {r.id}"
+            present[act.replica] = Replica(act.replica, act.model, act.profile, act.gpu, act.start)
+        elif act.kind is ActionKind.WAIT_READY:
+            r = present[act.replica]
+            serving[r.model] = serving.get(r.model, 0.0) + rps(r)
+        elif act.kind is ActionKind.DRAIN:
+            r = present[act.replica]
+            serving[r.model] -= rps(r)
+            floor = min(before.get(r.model, 0.0), after.get(r.model, 0.0), p.target_rps.get(r.model, 0.0))
+            assert serving[r.model] >= floor - 1e-6, f"{r.model} drops to {serving[r.model]} < {floor}"
+        elif act.kind is ActionKind.DELETE:
+            present.pop(act.replica)
+
+
+def test_failed_and_draining_replicas_are_not_capacity():
+    cl = ClusterState(
+        gpus=gpus(1, layout=(Placement(0, "1g.10gb"), Placement(1, "1g.10gb"))),
+        replicas=(
+            Replica("a-0", "a", "1g.10gb", "node/0", 0, ReplicaState.FAILED),
+            Replica("a-1", "a", "1g.10gb", "node/0", 1, ReplicaState.DRAINING),
+        ),
+    )
+    p = plan([spec("a")], {"a": 100}, cl)
+    assert {a.replica for a in p.actions if a.kind is ActionKind.DELETE} == {"a-0", "a-1"}
+    assert sum(1 for a in p.actions if a.kind is ActionKind.CREATE) == 1
+    assert Reason.REPLACE_FAILED in p.reasons["a"]
+    assert p.capacity_rps["a"] == 127
+
+
+def test_missing_demand_holds_current_replicas():
+    cl = ClusterState(
+        gpus=gpus(1, layout=(Placement(0, "1g.10gb"), Placement(1, "1g.10gb"))),
+        replicas=(
+            Replica("a-0", "a", "1g.10gb", "node/0", 0, ReplicaState.READY),
+            Replica("a-1", "a", "1g.10gb", "node/0", 1, ReplicaState.READY),
+        ),
+    )
+    p = plan([spec("a")], {}, cl)
+    assert p.actions == ()
+    assert Reason.HOLD_MISSING_METRICS in p.reasons["a"]
+
+
+def test_removed_model_is_drained_and_deleted():
+    cl = ClusterState(
+        gpus=gpus(1, layout=(Placement(0, "1g.10gb"),)),
+        replicas=(Replica("old-0", "old", "1g.10gb", "node/0", 0, ReplicaState.READY),),
+    )
+    p = plan([], {}, cl)
+    assert kinds(p) == ["drain", "delete"]
+
+
+# ---------------------------------------------------------------- churn budget
+
+
+def test_churn_budget_caps_and_the_next_call_continues():
+    cl = ClusterState(gpus=gpus(3))
+    m = spec("a", LINEAR, max_replicas=16)
+    seen = []
+    for _ in range(10):
+        p = plan([m], {"a": 900}, cl, churn_budget=2)
+        assert churn(p) <= 2
+        seen.append(churn(p))
+        if not p.actions:
+            break
+        assert Reason.CHURN_BUDGET in p.reasons["a"] or sum(seen) > 0
+        cl = apply_plan_to_cluster(cl, p)
+    assert plan([m], {"a": 900}, cl).actions == ()
+    assert sum(r.state is ReplicaState.READY for r in cl.replicas) >= 1
+    assert plan([m], {"a": 900}, cl).capacity_rps["a"] >= 900
+    assert seen[0] == 2 and len(seen) > 2
+
+
+# ---------------------------------------------------------------- shortfall priority
+
+
+def test_shortfall_goes_to_lower_priority_first():
+    cl = ClusterState(gpus=gpus(1))
+    hi = spec("hi", LINEAR, priority=5, max_replicas=16)
+    lo = spec("lo", LINEAR, priority=0, max_replicas=16)
+    p = plan([hi, lo], {"hi": 300, "lo": 300}, cl)
+    # One GPU = 7 slices x 60 = 420 req/s: "hi" gets its 300, "lo" its floor and the rest.
+    assert "hi" not in p.shortfall
+    assert p.shortfall["lo"] > 0
+    assert Reason.SHORTFALL in p.reasons["lo"]
+    assert any(a.model == "lo" for a in p.assignments)  # min replicas before extra capacity
+
+
+def test_shortfall_floors_before_extra_capacity_within_a_priority():
+    cl = ClusterState(gpus=gpus(1))
+    a = spec("a", {"7g.80gb": 100, "1g.10gb": 10}, max_replicas=4)
+    b = spec("b", {"1g.10gb": 10, "7g.80gb": 100}, max_replicas=4)
+    p = plan([a, b], {"a": 1000, "b": 1000}, cl)
+    assert {x.model for x in p.assignments} == {"a", "b"}
+
+
+def test_shortfall_is_proportional_within_a_priority():
+    cl = ClusterState(gpus=gpus(1))
+    a = spec("a", {"1g.10gb": 10}, max_replicas=16, min_replicas=0)
+    b = spec("b", {"1g.10gb": 10}, max_replicas=16, min_replicas=0)
+    p = plan([a, b], {"a": 100, "b": 40}, cl)
+    na = sum(1 for x in p.assignments if x.model == "a")
+    nb = sum(1 for x in p.assignments if x.model == "b")
+    assert na + nb == 7
+    # 7 slices for 10 + 4 wanted: a gets ~5, b ~2 (fractions met 0.5 / 0.5).
+    assert (na, nb) == (5, 2)
+
+
+# ---------------------------------------------------------------- multinode
+
+
+def rdma_gpus(nodes: int, per_node: int = 1, fabric: str = "ib-a", start: int = 0) -> tuple[GpuState, ...]:
+    return tuple(GpuState(f"rdma-{n}/{i}", f"rdma-{n}", "H100-SXM5-80GB", mig_enabled=False, rdma=True,
+                          fabric=fabric) for n in range(start, start + nodes) for i in range(per_node))
+
+
+def llm(**kw) -> ModelSpec:
+    kw.setdefault("max_replicas", 4)
+    return ModelSpec("llm", {}, (), backend="multinode", nodes_per_group=2, gpus_per_node=1,
+                     group_capacity_rps=10.0, min_replicas=0, **kw)
+
+
+def test_multinode_group_is_all_or_nothing():
+    cl = ClusterState(gpus=rdma_gpus(3))
+    p = plan([llm()], {"llm": 25}, cl)
+    # 25 req/s wants 3 groups of 2 GPUs; 3 GPUs hold only one group: never half a group.
+    members = [a for a in p.assignments if a.model == "llm"]
+    assert len(members) == 2 and all(a.profile == "whole" for a in members)
+    assert len({a.gpu.split("/")[0] for a in members}) == 2  # two distinct nodes
+    creates = [a for a in p.actions if a.kind is ActionKind.CREATE]
+    assert len({group_of(a.replica) for a in creates}) == 1
+    assert p.shortfall["llm"] == pytest.approx(15.0)
+    after = apply_plan_to_cluster(cl, p)
+    assert plan([llm()], {"llm": 25}, after).actions == ()
+
+
+def test_multinode_prefers_one_fabric():
+    cl = ClusterState(gpus=rdma_gpus(1, fabric="ib-a") + rdma_gpus(2, fabric="ib-b", start=1))
+    p = plan([llm()], {"llm": 5}, cl)
+    gpus_used = {a.gpu for a in p.assignments}
+    fabrics = {g.fabric for g in cl.gpus if g.id in gpus_used}
+    assert fabrics == {"ib-b"}
+
+
+def test_multinode_takes_a_mig_gpu_only_after_switching_it_to_whole_mode():
+    cl = ClusterState(gpus=tuple(GpuState(f"r{n}/0", f"r{n}", "H100-SXM5-80GB", layout=(Placement(0, "7g.80gb"),),
+                                          rdma=True, fabric="f") for n in range(2)))
+    p = plan([llm()], {"llm": 5}, cl)
+    order = kinds(p)
+    assert order[:2] == ["repartition", "repartition"]
+    assert all(a.profile == "whole" and a.layout == () for a in p.actions if a.kind is ActionKind.REPARTITION)
+    after = apply_plan_to_cluster(cl, p)
+    assert all(not g.mig_enabled and g.reserved_by == "llm" for g in after.gpus)
+
+
+def test_multinode_scale_down_removes_whole_groups():
+    cl = ClusterState(gpus=rdma_gpus(4))
+    cl = apply_plan_to_cluster(cl, plan([llm()], {"llm": 20}, cl))
+    assert len(cl.replicas) == 4
+    p = plan([llm()], {"llm": 5}, cl)
+    deleted = [a.replica for a in p.actions if a.kind is ActionKind.DELETE]
+    assert len(deleted) == 2 and len({group_of(r) for r in deleted}) == 1
+
+
+# ---------------------------------------------------------------- idempotence & MILP
+
+
+def test_plan_is_idempotent_after_apply():
+    cl = ClusterState(gpus=gpus(4))
+    models = [spec("a", high_availability=True), spec("b", LINEAR), spec("c", {"3g.40gb": 90, "7g.80gb": 200},
+                                                                        memory_gb=30)]
+    demand = {"a": 500, "b": 700, "c": 250}
+    p = plan(models, demand, cl)
+    check_valid(cl, p)
+    after = apply_plan_to_cluster(cl, p)
+    assert plan(models, demand, after).actions == ()
+
+
+def test_milp_reference_on_known_instances():
+    # Seven light models of one 1g each fit one GPU exactly.
+    models = [spec(f"m{i}", max_replicas=4) for i in range(6)]
+    r = solve(models, {m.name: 100 for m in models}, [A100] * 3)
+    assert r.feasible and r.gpus_used == 1 and r.slices_used == 6
+    # A 4g-only model three times: 4g has one start (slot 0), so three GPUs.
+    four = [spec(f"f{i}", {"4g.40gb": 100}) for i in range(3)]
+    r = solve(four, {m.name: 50 for m in four}, [A100] * 4)
+    assert r.feasible and r.gpus_used == 3
+    # Infeasible: more than the cluster has.
+    r = solve([spec("x", {"7g.80gb": 10}, max_replicas=8)], {"x": 50}, [A100] * 2)
+    assert not r.feasible
+    # High availability forces a second GPU.
+    r = solve([spec("h", high_availability=True)], {"h": 10}, [A100] * 2)
+    assert r.feasible and r.gpus_used == 2
+
+
+def test_heuristic_matches_milp_on_a_packing_trap():
+    # 3g x2 + 2g x4 = 14 slices: 3g+2g+2g twice (2 GPUs); biggest-first pairs the
+    # two 3g (6/7) and needs a third GPU for the last 2g.
+    m3 = spec("m3", {"3g.40gb": 100}, min_replicas=0, max_replicas=8)
+    m2 = spec("m2", {"2g.20gb": 100}, min_replicas=0, max_replicas=8)
+    demand = {"m3": 200, "m2": 400}
+    ref = solve([m3, m2], demand, [A100] * 3)
+    p = plan([m3, m2], demand, ClusterState(gpus=gpus(3)))
+    assert ref.gpus_used == 2 and p.cost.gpus_used == 2
+
+
+def test_plan_cli_json(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from autoscaler.cli import app
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[2] / "examples"
+    res = CliRunner().invoke(app, ["plan", str(root / "models.yaml"), str(root / "cluster.yaml"),
+                                   "--demand", str(root / "demand.yaml"), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert set(out) >= {"assignments", "layouts", "actions", "shortfall", "cost", "reasons"}
+    assert out["cost"]["gpus_used"] >= 1
+    bad = tmp_path / "d.yaml"
+    bad.write_text("resnet: -5\n")
+    res = CliRunner().invoke(app, ["plan", str(root / "models.yaml"), str(root / "cluster.yaml"),
+                                   "--demand", str(bad)])
+    assert res.exit_code == 2 and "resnet" in res.output and "-5" in res.output
+    bad.write_text("nosuch: 5\n")
+    res = CliRunner().invoke(app, ["plan", str(root / "models.yaml"), str(root / "cluster.yaml"),
+                                   "--demand", str(bad)])
+    assert res.exit_code == 2 and "nosuch" in res.output
+    bad.write_text("- 1\n- 2\n")
+    res = CliRunner().invoke(app, ["plan", str(root / "models.yaml"), str(root / "cluster.yaml"),
+                                   "--demand", str(bad)])
+    assert res.exit_code == 2 and "mapping" in res.output

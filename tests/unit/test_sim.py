@@ -1,0 +1,281 @@
+"""Simulator: the queue model against a per-request simulation, the simulated
+cluster's actuator/metrics semantics, reproducibility, the oracle bound and an
+end-to-end migscale run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from autoscaler.cli import app
+from autoscaler.clock import VirtualClock
+from autoscaler.config import parse_cluster, parse_models
+from autoscaler.mig import Placement
+from autoscaler.policy.types import (
+    Action,
+    ActionKind,
+    ClusterState,
+    GpuState,
+    ModelSpec,
+    Reason,
+    ReplicaState,
+)
+from autoscaler.sim import queueing as q
+from autoscaler.sim import scenarios as sc
+from autoscaler.sim import traces as tr
+from autoscaler.sim.cluster import SimCluster, SimConfig
+from autoscaler.sim.run import POLICIES, largest_spike, recovery_s, simulate
+
+# ------------------------------------------------------------------ queue model vs discrete-event
+
+
+@pytest.mark.parametrize("load", [0.5, 0.8, 0.95])
+def test_fluid_p99_matches_discrete_event_in_steady_state(load):
+    cap, slo_ms = 300.0, 50.0
+    mu = q.service_rate(cap, slo_ms)
+    lam = np.full(300, load * cap)
+    # tails are autocorrelated (busy periods): pool a few independent runs
+    pooled = [soj[arr > 10] for arr, soj in (q.des_mm1_sojourns(lam, 1.0, mu, seed=s) for s in range(3))]
+    des_p99 = np.quantile(np.concatenate(pooled), 0.99)  # skip the empty start
+    x = np.array(q.stationary_x(load * cap, mu))
+    fluid_p99 = float(q.quantile_s(x, np.array(mu), 0.99))
+    assert fluid_p99 == pytest.approx(des_p99, rel=0.10)
+
+
+def test_capacity_at_slo_means_p99_equals_slo():
+    mu = q.service_rate(300.0, 50.0)
+    x = np.array(q.stationary_x(300.0, mu))
+    assert float(q.quantile_s(x, np.array(mu), 0.99)) == pytest.approx(0.050)
+    assert float(q.within_slo(x, np.array(mu), 0.05)) == pytest.approx(0.99)
+
+
+def test_fluid_overload_transient_matches_discrete_event():
+    """0.5C for 60 s, 1.3C for 20 s, 0.5C for 120 s: SLO misses within 20% of the per-request mean."""
+    cap, slo = 300.0, 0.05
+    mu = q.service_rate(cap, slo * 1000)
+    lam = np.concatenate([np.full(60, 0.5 * cap), np.full(20, 1.3 * cap), np.full(120, 0.5 * cap)])
+    des = []
+    for seed in range(4):
+        tot, ok = q.des_mm1(lam, 1.0, mu, slo, seed=seed)
+        des.append(tot.sum() - ok.sum())
+    for step in (1.0, 5.0):  # the simulator's step must not matter much
+        lam_s = lam.reshape(-1, int(step)).mean(axis=1)
+        ft, fo = q.fluid_mm1(lam_s, step, mu, slo)
+        assert ft.sum() - fo.sum() == pytest.approx(np.mean(des), rel=0.20)
+
+
+def test_implicit_step_is_stable_and_exact_at_equilibrium():
+    mu = np.array([1000.0])
+    x_eq = q.stationary_x(800.0, 1000.0)
+    x = q.step_x(np.array([0.0]), np.array([800.0]), mu, 15.0)  # a huge step
+    assert x[0] == pytest.approx(x_eq, rel=0.01)
+    assert q.step_x(np.array([x_eq]), np.array([800.0]), mu, 5.0)[0] == pytest.approx(x_eq)
+    # overload grows the queue by about (lam - mu) per second
+    x2 = q.step_x(np.array([10.0]), np.array([1200.0]), mu, 1.0)
+    assert 195 < x2[0] - 10 < 210
+
+
+# ------------------------------------------------------------------ the simulated cluster
+
+SPEC = ModelSpec("m", {"1g.10gb": 100.0, "3g.40gb": 300.0, "7g.80gb": 600.0},
+                 ("1g.10gb", "3g.40gb", "7g.80gb"))
+
+
+TWO_3G = (Placement(0, "3g.40gb"), Placement(4, "3g.40gb"))
+
+
+def _cluster(layout=TWO_3G, **cfg) -> tuple[SimCluster, VirtualClock]:
+    clock = VirtualClock(0.0)
+    gpu = GpuState("n/0", "n", "A100-SXM4-80GB", layout)
+    c = SimCluster([SPEC], {"m": 50.0}, ClusterState((gpu,), ()), clock, SimConfig(**cfg))
+    return c, clock
+
+
+def _create(start=0, profile="3g.40gb", rid=None):
+    return Action(ActionKind.CREATE, Reason.SCALE_UP_DEMAND, gpu="n/0", model="m", profile=profile, start=start,
+                  replica=rid)
+
+
+def test_replica_starts_after_delay_and_serves():
+    c, _ = _cluster(start_delay_s=30)
+    assert c.apply([_create(rid="a")]) == []
+    assert c.snapshot().replicas[0].state == ReplicaState.STARTING and c.converging()
+    for _ in range(6):
+        c.advance(np.array([100.0]))
+    assert c.snapshot().replicas[0].state == ReplicaState.READY
+    assert not c.converging()
+    c.advance(np.array([100.0]))
+    assert c.capacity[-1][0] == 300.0
+
+
+def test_requests_without_a_ready_replica_fail_and_count_as_misses():
+    c, clock = _cluster()
+    for _ in range(4):
+        c.advance(np.array([50.0]))
+    models, _ = c.read(["m"], [], clock.now() + 15)
+    assert models["m"].failure_rate == pytest.approx(50.0)
+    assert c._cum["ok"][-1][0] == 0.0
+
+
+def test_create_on_missing_or_taken_instance_is_an_error():
+    c, _ = _cluster()
+    errs = c.apply([_create(start=2, profile="2g.20gb")])
+    assert errs and "no capacity for profile '2g.20gb'" in errs[0]
+    errs = c.apply([_create(start=2, profile="1g.10gb")])
+    assert errs and "has no instance 1g.10gb@2" in errs[0]
+    assert c.apply([_create(rid="a")]) == []
+    errs = c.apply([_create(rid="b")])
+    assert errs and "taken by a" in errs[0]
+
+
+def test_wait_ready_blocks_the_drain_that_follows():
+    c, _ = _cluster(start_delay_s=30, drain_s=5)
+    c.apply([_create(rid="old")])
+    for _ in range(7):
+        c.advance(np.array([10.0]))
+    c.apply([
+        _create(start=4, rid="new"),
+        Action(ActionKind.WAIT_READY, Reason.PROFILE_EFFICIENCY, gpu="n/0", model="m", start=4, replica="new"),
+        Action(ActionKind.DRAIN, Reason.PROFILE_EFFICIENCY, replica="old"),
+        Action(ActionKind.DELETE, Reason.PROFILE_EFFICIENCY, replica="old"),
+    ])
+    states = {r.id: r.state for r in c.snapshot().replicas}
+    assert states == {"old": ReplicaState.READY, "new": ReplicaState.STARTING}
+    for _ in range(7):  # 35 s: new is ready, old drains (5 s) and goes
+        c.advance(np.array([10.0]))
+    states = {r.id: r.state for r in c.snapshot().replicas}
+    assert states == {"new": ReplicaState.READY}
+    assert not c.converging()
+
+
+def test_repartition_waits_for_drain_then_takes_the_configured_delay():
+    c, clock = _cluster(start_delay_s=0, drain_s=5, repartition_delay_s=180)
+    c.apply([_create(rid="a")])
+    c.advance(np.array([0.0]))
+    new_layout = (Placement(0, "7g.80gb"),)
+    # nobody drains "a": repartitioning under it is refused
+    errs = c.apply([Action(ActionKind.REPARTITION, Reason.REPARTITION, gpu="n/0", layout=new_layout)])
+    assert errs and "still serves a" in errs[0]
+    c.apply([
+        Action(ActionKind.DRAIN, Reason.REPARTITION, replica="a"),
+        Action(ActionKind.DELETE, Reason.REPARTITION, replica="a"),
+        Action(ActionKind.REPARTITION, Reason.REPARTITION, gpu="n/0", layout=new_layout),
+        _create(start=0, profile="7g.80gb", rid="big"),
+    ])
+    assert c.reconfigurations == 0  # still draining
+    t_ready = None
+    for _ in range(60):
+        c.advance(np.array([0.0]))
+        if t_ready is None and any(r.state == ReplicaState.READY for r in c.snapshot().replicas):
+            t_ready = clock.now()
+    assert c.reconfigurations == 1
+    assert c.snapshot().gpus[0].layout == new_layout
+    # drain 5 s (+ one step to notice), then 180 s of repartition, start delay 0
+    assert 185 <= t_ready <= 195
+
+
+def test_metrics_report_what_was_true_scrape_delay_ago():
+    c, clock = _cluster(start_delay_s=0, scrape_delay_s=15, metrics_window_s=30)
+    c.apply([_create(rid="a")])
+    for _ in range(12):  # 60 s at 100 req/s
+        c.advance(np.array([100.0]))
+    for _ in range(2):  # 10 s at 250 req/s
+        c.advance(np.array([250.0]))
+    now = clock.now()
+    models, reps = c.read(["m"], ["a"], now)
+    assert models["m"].request_rate == pytest.approx(100.0, rel=0.02)  # the step is not visible yet
+    for _ in range(9):
+        c.advance(np.array([250.0]))
+    models, reps = c.read(["m"], ["a"], clock.now())
+    assert models["m"].request_rate == pytest.approx(250.0, rel=0.02)
+    mu = q.service_rate(300.0, 50.0)
+    assert reps["a"].busy_fraction == pytest.approx(250.0 / mu, rel=0.02)
+    # queue:compute ratio of M/M/1 is the mean number in system, rho/(1-rho)
+    rho = 250.0 / mu
+    assert models["m"].queue_compute_ratio == pytest.approx(rho / (1 - rho), rel=0.03)
+
+
+def test_spike_detection_and_recovery():
+    d = np.ones((2, 400)) * 10.0
+    d[1, 300:] = 40.0
+    assert largest_spike(d, 5.0) == (1, 300)
+    att = np.ones((2, 400))
+    att[1, 300:310] = 0.5  # 50 s bad, then fine
+    assert recovery_s(d, att, 5.0) == 50.0
+    assert recovery_s(np.ones((1, 400)), np.ones((1, 400)), 5.0) == 0.0
+
+
+# ------------------------------------------------------------------ whole runs
+
+
+def _small(policy_over=None, n_models=3, gpus=2):
+    fl = sc.fleet(n_models)
+    mc = parse_models({"models": fl})
+    cc = parse_cluster(sc.cluster(gpus, policy={"tick_s": 15, **(policy_over or {})}))
+    means = {m["name"]: 2.0 * sc.best_slice_rps(m) for m in fl}
+    return mc, cc, means
+
+
+def test_same_seed_same_result():
+    mc, cc, means = _small()
+    trace = tr.generate("mixed", list(means), 1800, seed=5, mean_rps=means)
+    a = simulate(mc, cc, trace, "hpa-util", warmup_s=300).to_json()
+    b = simulate(mc, cc, trace, "hpa-util", warmup_s=300).to_json()
+    a.pop("wall_s"), b.pop("wall_s")
+    assert a == b
+
+
+def test_oracle_is_a_lower_bound_on_every_policy():
+    mc, cc, means = _small()
+    trace = tr.generate("mixed", list(means), 3600, seed=2, mean_rps=means)
+    res = {p: simulate(mc, cc, trace, p, warmup_s=600) for p in POLICIES}
+    oracle = res["oracle"].gpu_hours
+    assert oracle > 0
+    for name, r in res.items():
+        assert r.gpu_hours >= oracle - 1e-9, (name, r.gpu_hours, oracle)
+    assert res["static-peak"].gpu_hours > res["migscale"].gpu_hours
+
+
+def test_migscale_end_to_end_small_trace():
+    mc, cc, means = _small()
+    trace = tr.generate("diurnal", list(means), 3600, seed=1, mean_rps=means)
+    r = simulate(mc, cc, trace, "migscale", warmup_s=600)
+    assert r.ticks >= 3600 / 15
+    assert r.errors == []
+    assert r.slo_attainment > 0.99
+    assert 0 < r.gpu_hours <= 2.0 * 1.0  # two GPUs for one hour at most
+    assert set(r.per_model) == set(means)
+
+
+def test_cli_simulate_json_and_plot(tmp_path):
+    _, _, means = _small()
+    import yaml
+
+    (tmp_path / "models.yaml").write_text(yaml.safe_dump({"models": sc.fleet(3)}))
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(sc.cluster(2, policy={"tick_s": 15})))
+    tr.write_csv(tr.generate("diurnal", list(means), 1200, seed=1, mean_rps=means), tmp_path / "t.csv")
+    png = tmp_path / "out.png"
+    res = CliRunner().invoke(app, ["simulate", str(tmp_path / "models.yaml"), str(tmp_path / "cluster.yaml"),
+                                   str(tmp_path / "t.csv"), "--policy", "hpa-queue", "--json", "--plot", str(png),
+                                   "--warmup-s", "300"])
+    assert res.exit_code == 0, res.output
+    import json
+
+    out = json.loads(res.output.strip().splitlines()[-1])
+    for key in ("slo_attainment", "per_model", "gpu_hours", "slice_hours", "reconfigurations", "recovery_s"):
+        assert key in out
+    assert png.stat().st_size > 10_000
+
+
+def test_cli_simulate_bad_input_exits_2(tmp_path):
+    import yaml
+
+    (tmp_path / "models.yaml").write_text(yaml.safe_dump({"models": sc.fleet(1)}))
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(sc.cluster(1)))
+    (tmp_path / "t.csv").write_text("t_s,model,rps\n0,other,5\n")
+    args = [str(tmp_path / "models.yaml"), str(tmp_path / "cluster.yaml"), str(tmp_path / "t.csv")]
+    res = CliRunner().invoke(app, ["simulate", *args, "--policy", "nope"])
+    assert res.exit_code == 2 and "--policy: must be one of" in res.output
+    res = CliRunner().invoke(app, ["simulate", *args])
+    assert res.exit_code == 2 and "not in the models config" in res.output and "Traceback" not in res.output
