@@ -34,7 +34,6 @@ stop the whole group.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -42,17 +41,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Self
 
+from autoscaler.act.local_groups import GroupsMixin
 from autoscaler.act.local_pids import PidRegistry
 from autoscaler.act.local_probe import ReplicaLoad, load_between, scrape
-from autoscaler.act.local_replicas import (
-    WHOLE,
-    LocalReplica,
-    ModelRuntime,
-    group_env,
-    launch,
-    launch_group,
-    replica_env,
-)
+from autoscaler.act.local_replicas import WHOLE, LocalReplica, ModelRuntime, launch, replica_env
 from autoscaler.act.nginx import NginxFrontDoor, Route
 from autoscaler.act.prometheus import PrometheusServer, ScrapeTarget
 from autoscaler.act.supervisor import Supervisor
@@ -61,10 +53,10 @@ from autoscaler.clock import Clock, WallClock
 from autoscaler.mig.layout import Placement, check_layout, free_starts
 from autoscaler.mig.products import get_product
 from autoscaler.policy.types import Action, ActionKind, ClusterState, GpuState, ReplicaState
-from autoscaler.status import GroupView, ReplicaEndpoint, ReplicaNumbers, build_status
+from autoscaler.status import ReplicaEndpoint, ReplicaNumbers, build_status
 
 
-class LocalCluster:
+class LocalCluster(GroupsMixin):
     def __init__(
         self,
         run_dir: str | os.PathLike,
@@ -170,16 +162,6 @@ class LocalCluster:
         r.process.stop(timeout_s=self.term_timeout_s)
         for pid in pids:
             self.pids.remove(pid)
-
-    def _record(self, r: LocalReplica) -> None:
-        """Put every process of ``r`` in pids.json (a group: the leader and each worker)."""
-        if not r.is_group:
-            self.pids.add(r.process.pid, "tritonserver", r.id, program=r.process.binary.name)
-            return
-        pids = r.pids()
-        self.pids.add(pids[0], "tritonserver", f"{r.id}/rank0", program=r.process.binary.name)
-        for rank, pid in enumerate(pids[1:], start=1):
-            self.pids.add(pid, "worker", f"{r.id}/rank{rank}", program=os.path.basename(sys.executable))
 
     def __enter__(self) -> Self:
         self.start()
@@ -311,65 +293,6 @@ class LocalCluster:
             self.log(f"create {rid} ({a.profile} on {gpu.id} slot {a.start}, pid {proc.pid})")
             return rid
 
-    def _occupant(self, gpu_id: str) -> str | None:
-        """The replica or pending group member already on a whole GPU (caller holds the lock)."""
-        for r in self._replicas.values():
-            if gpu_id in r.gpus:
-                return r.id
-        for gid, ranks in self._pending.items():
-            if gpu_id in ranks.values():
-                return gid
-        return None
-
-    def _create_member(self, a: Action, rt: ModelRuntime) -> str | None:
-        """Collect one member CREATE; the last one of a group starts the whole group."""
-        if a.profile != WHOLE:
-            raise ValueError(f"model {a.model!r} is multinode: CREATE needs profile {WHOLE!r}, got {a.profile!r}")
-        gid, _, rank_s = (a.replica or "").rpartition("-")
-        if not gid or not rank_s.isdigit() or int(rank_s) >= rt.group_size:
-            raise ValueError(
-                f"multinode CREATE needs replica '<group>-<rank>' with rank < {rt.group_size}, got {a.replica!r}"
-            )
-        rank = int(rank_s)
-        with self._lock:
-            if self._stopping:
-                raise RuntimeError("the local cluster is stopping")
-            gpu = self._gpus.get(a.gpu)
-            if gpu is None:
-                raise ValueError(f"unknown GPU {a.gpu!r}; known: {', '.join(self._gpus)}")
-            if gpu.mig_enabled:
-                raise ValueError(f"{gpu.id} is in MIG mode; a multinode member needs a whole GPU (REPARTITION whole)")
-            busy = self._occupant(gpu.id)
-            if busy is not None:
-                raise ValueError(f"{gpu.id} is already held by {busy}")
-            if gid in self._replicas:
-                raise ValueError(f"group {gid!r} already exists")
-            ranks = self._pending.setdefault(gid, {})
-            if rank in ranks:
-                raise ValueError(f"member {a.replica!r} was created twice")
-            ranks[rank] = gpu.id
-            if len(ranks) < rt.group_size:
-                return None
-            del self._pending[gid]
-            members = tuple((f"{gid}-{k}", ranks[k]) for k in range(rt.group_size))
-            envs = [
-                group_env(self._gpus[g].product, g, rt.name, self._gpus[g].emulated) for _, g in members
-            ]
-            group = launch_group(rt, gid, self.run_dir, envs, self.tritonserver)
-            r = LocalReplica(
-                gid, rt.name, WHOLE, members[0][1], 0, group, ReplicaState.STARTING, self.clock.now(),
-                members=members,
-            )
-            self._record(r)
-            self._replicas[gid] = r
-            self._gone.discard(gid)
-            for mid, _ in members:
-                self._member_of[mid] = gid
-                self._gone.discard(mid)
-            where = ", ".join(f"rank {k} {g} pid {p}" for k, ((_, g), p) in enumerate(zip(members, group.pids())))
-            self.log(f"create group {gid} ({where})")
-            return gid
-
     def restart_failed(self, r: LocalReplica) -> None:
         """Replace a dead process on the same instance (same id, fresh ports).
         A group is recreated whole: every member stopped, then all started again."""
@@ -390,26 +313,6 @@ class LocalCluster:
             r.last_counters = None
             r.state, r.since_s = ReplicaState.STARTING, self.clock.now()
             self.log(f"replace {r.id} (restart #{r.restarts}, pid {r.process.pid})")
-
-    def _recreate_group(self, r: LocalReplica) -> None:
-        with self._lock:
-            if self._stopping or self._replicas.get(r.id) is not r or r.state is not ReplicaState.FAILED:
-                return
-            old = r.pids()
-        # Stop outside the lock (up to a few seconds): snapshots and status go on meanwhile.
-        r.process.stop(timeout_s=5.0)
-        with self._lock:
-            for pid in old:
-                self.pids.remove(pid)
-            if self._stopping or self._replicas.get(r.id) is not r or r.state is not ReplicaState.FAILED:
-                return
-            r.process.start()
-            self._record(r)
-            r.restarts += 1
-            r.routable = False
-            r.last_counters = None
-            r.state, r.since_s = ReplicaState.STARTING, self.clock.now()
-            self.log(f"recreate group {r.id} (restart #{r.restarts}, pids {r.pids()})")
 
     # -- WAIT_READY
     def _wait_ready(self, a: Action, created: list[str]) -> str | None:
@@ -604,17 +507,7 @@ class LocalCluster:
     def status(self, controller_pid: int | None = None) -> dict:
         """The ``migscale status --json`` document from the latest snapshot and loads."""
         reps = self.replicas()
-        groups = {
-            r.id: GroupView(
-                member_ids=tuple(mid for mid, _ in r.members),
-                gpus=r.gpus,
-                members=tuple(
-                    {**m, "gpu": r.members[m["rank"]][1]} for m in r.process.members()  # type: ignore[union-attr]
-                ),
-            )
-            for r in reps
-            if r.is_group
-        }
+        groups = self._group_views(reps)
         return build_status(
             self.snapshot(),
             frontdoor=self.frontdoor_url,

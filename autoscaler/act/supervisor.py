@@ -60,7 +60,10 @@ class Supervisor:
             if r.state in (ReplicaState.STARTING, ReplicaState.READY) and not r.process.alive():
                 with c._lock:
                     r.state, r.since_s, r.routable = ReplicaState.FAILED, c.clock.now(), False
-                c.log(f"replica {r.id} died (exit {r.process.proc.returncode if r.process.proc else '?'})")
+                if r.is_group:
+                    c.log(f"group {r.id} lost a member: {r.process.members()}")
+                else:
+                    c.log(f"replica {r.id} died (exit {r.process.proc.returncode if r.process.proc else '?'})")
                 failed.append(r)
             elif r.state is ReplicaState.STARTING and r.process.is_ready(timeout_s=0.5):
                 with c._lock:

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 import pytest
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2] / "triton_models"
 sys.path.insert(0, str(REPO / "llm"))
-from tp_mlp import D_MODEL, reference  # noqa: E402
+from tp_mlp import D_MODEL, reference
 
 GROUP_RPS = 10.0
 SPEC = ModelSpec(
@@ -53,7 +54,9 @@ SPEC = ModelSpec(
 def _rdma_gpus(n: int) -> list[GpuState]:
     """n one-GPU RDMA nodes on fabric ib-a, MIG off (what config gives the rdma_pool)."""
     return [
-        GpuState(f"rdma-{i}/0", f"rdma-{i}", "H100-SXM5-80GB", (), mig_enabled=False, rdma=True, fabric="ib-a")
+        GpuState(
+            f"rdma-{i}/0", f"rdma-{i}", "H100-SXM5-80GB", (), mig_enabled=False, rdma=True, fabric="ib-a"
+        )
         for i in range(n)
     ]
 
@@ -182,11 +185,21 @@ def test_group_serves_reference_results_through_nginx_and_plans_idempotently(clu
     ]
     assert members[0]["port"] == r.port and members[1]["port"] is None
     assert sorted(m["gpu"] for m in members) == sorted(rows[0]["gpus"])
+    # Each member process carries its own GPU's identity.
+    for m in members:
+        env = dict(
+            kv.split("=", 1) for kv in Path(f"/proc/{m['pid']}/environ").read_text().split("\0") if "=" in kv
+        )
+        assert (env["MIGSCALE_GPU"], env["MIGSCALE_GROUP_RANK"]) == (m["gpu"], str(m["rank"]))
 
     # `migscale down` after a crashed controller: pids.json alone reaches every member.
+    # A crashed controller supervises nothing, so stop the supervisor first -- else it
+    # would (rightly) recreate the group we are killing and race the assertion.
+    cluster.supervisor.stop()
+    members_before = set(r.pids())
     signalled = stop_recorded(load_records(cluster.run_dir), term_timeout_s=10)
-    assert set(r.pids()) <= set(signalled)
-    _wait(lambda: not any(_alive(p) for p in r.pids()), 15, "members to exit")
+    assert members_before <= set(signalled)
+    _wait(lambda: not any(_alive(p) for p in members_before), 15, "members to exit")
 
 
 def test_killed_worker_recreates_the_whole_group_and_it_serves_again(cluster):
@@ -233,7 +246,7 @@ class Load:
                     self.failures.append(f"{type(e).__name__}: {e}")
         client.close()
 
-    def __enter__(self) -> Load:
+    def __enter__(self) -> Self:
         for t in self._threads:
             t.start()
         return self
@@ -260,7 +273,10 @@ def test_scaling_one_to_two_groups_and_back_under_load_loses_no_requests(cluster
         _wait(lambda: load.ok >= before + 5, 60, "load after the scale-up")
         # Back to one group: DRAIN/DELETE of its members stop the whole newest group.
         down = _converge(cluster, 0.5 * GROUP_RPS)
-        assert {a.replica for a in down if a.kind is ActionKind.DELETE} == {f"{second.id}-0", f"{second.id}-1"}
+        assert {a.replica for a in down if a.kind is ActionKind.DELETE} == {
+            f"{second.id}-0",
+            f"{second.id}-1",
+        }
         assert cluster.replicas() == [first]
         assert not any(_alive(p) for p in second.pids())
         before = load.ok
