@@ -1,14 +1,16 @@
 # Two commands for a newcomer: `make demo` and `make test`.
 # Each sets up what it needs: a virtualenv in .venv with the package and its
-# extras, and the Debian packages prometheus, nginx-light and chromium (for the
-# browser test) when they are missing -- installed when we are root, otherwise
-# the exact apt-get line is printed and make exits 2.
+# extras, and the Debian packages it uses when they are missing -- prometheus
+# and nginx-light for both, chromium too for the test suite's browser tests --
+# installed when we are root, otherwise the exact apt-get line is printed and
+# make exits 2.
 
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-DEB_PKGS := prometheus nginx-light chromium
 STAMP := $(VENV)/.installed-stamp
+# `make demo` needs no browser; the test suite drives a real headless Chromium.
+BROWSER ?= 0
 
 .PHONY: demo test setup debs venv lint bench clean
 
@@ -16,9 +18,9 @@ setup: debs venv
 
 debs:
 	@missing=""; \
-	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || missing="$$missing prometheus"; \
 	command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing="$$missing nginx-light"; \
-	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	if [ "$(BROWSER)" = "1" ]; then command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; fi; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = "0" ]; then \
 	    echo "migscale: installing Debian packages:$$missing"; \
@@ -42,7 +44,8 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/migscale demo examples/models.yaml examples/cluster.yaml --results demo-results
 
-test: setup
+test:
+	@$(MAKE) --no-print-directory setup BROWSER=1
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 lint: venv

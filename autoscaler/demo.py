@@ -81,8 +81,8 @@ class DemoScript:
 def default_script(models_cfg: ModelsConfig, status: dict) -> DemoScript:
     """The first MIG model is the hot one, sized against what it runs at the start.
 
-    Its base is 35% of the capacity of its starting replicas and its peak 1.7x
-    (resnet on a 1g.10gb + a 3g.40gb = 58 + 160 = 218 req/s: 76 -> 371 req/s),
+    Its base is 35% of the capacity of its starting replicas and its peak 1.5x
+    (resnet on a 1g.10gb + a 3g.40gb = 58 + 160 = 218 req/s: 76 -> 327 req/s),
     so it must outgrow its slices -- more replicas, carved out of a
     repartitioned GPU or on bigger profiles -- and then fall back far enough
     for a scale-down. The other models run steady at 30% of their capacity.
@@ -94,7 +94,11 @@ def default_script(models_cfg: ModelsConfig, status: dict) -> DemoScript:
     mig = [m.name for m in models_cfg.models if m.backend == "mig" and running.get(m.name)]
     hot = mig[0]
     steady = {m: round(0.3 * running[m], 1) for m in mig[1:]}
-    return DemoScript(hot=hot, base_rps=round(0.35 * running[hot], 1), peak_rps=round(1.7 * running[hot], 1),
+    for m in models_cfg.models:  # a multinode group serves a trickle, to show it answering
+        if m.backend == "multinode" and any(r["model"] == m.name for r in status.get("replicas", [])):
+            cap = m.multinode.group_capacity_rps if m.multinode and m.multinode.group_capacity_rps else 2.0
+            steady[m.name] = round(max(0.5, 0.3 * cap), 1)
+    return DemoScript(hot=hot, base_rps=round(0.35 * running[hot], 1), peak_rps=round(1.5 * running[hot], 1),
                       steady=steady)
 
 
@@ -119,7 +123,10 @@ class Recorder:
             self.last_reasons[m] = ", ".join(r.value for r in rs)
         t = time.time() - self.t0 if self.t0 else 0.0
         for a in result.actions:
-            if a.kind in (ActionKind.CREATE, ActionKind.DELETE, ActionKind.REPARTITION):
+            if a.kind is ActionKind.REPARTITION:
+                layout = ",".join(str(p) for p in a.layout or ()) or "MIG off (whole GPU)"
+                self.events.append(f"t={t:5.0f}s {a.kind.value:<11} {a.gpu} -> {layout} ({a.reason.value})")
+            elif a.kind in (ActionKind.CREATE, ActionKind.DELETE):
                 what = f"{a.model or ''} {a.profile or ''} on {a.gpu}@{a.start}".strip()
                 self.events.append(f"t={t:5.0f}s {a.kind.value:<11} {what} ({a.reason.value})")
 
@@ -168,7 +175,10 @@ def _view(rec: Recorder, progress: Progress, slo: dict[str, float]) -> Group:
             prof, _, start = pl.rpartition("@")
             r = by_slot.get((g["id"], int(start)))
             cells.append(f"[{prof}@{start} {r['model']}:{r['state']}]" if r else f"[{prof}@{start} free]")
-        gpus.add_row(g["id"], " ".join(cells) or "(whole GPU / not partitioned)")
+        if not cells:  # MIG off: a whole GPU, possibly held by a multinode group
+            holders = [r for r in rec.status.get("replicas", []) if g["id"] in (r.get("gpus") or [r["gpu"]])]
+            cells = [f"[whole GPU {r['model']}:{r['state']}]" for r in holders] or ["(whole GPU, free)"]
+        gpus.add_row(g["id"], " ".join(cells))
     events = "\n".join(rec.events[-6:]) or "(no scale events yet)"
     return Group(models, gpus, Panel(events, title="recent actions"), progress)
 
@@ -254,6 +264,7 @@ def run_demo(models_path: Path, models_cfg: ModelsConfig, cluster_cfg: ClusterCo
         progress = Progress(TextColumn("load"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
                             TimeRemainingColumn())
         task = progress.add_task("load", total=script.duration_s)
+        rec.sample()
         with Live(_view(rec, progress, ctl.slo_p99_ms), console=console, refresh_per_second=2,
                   transient=False, auto_refresh=False) as lv:
             while locust.poll() is None:
