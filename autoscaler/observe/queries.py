@@ -44,17 +44,18 @@ class Queries:
     )
     success_rate: str = "sum by (model) (rate(nv_inference_request_success$sel[$window]))"
     failure_rate: str = "sum by (model) (rate(nv_inference_request_failure$sel[$window]))"
-    # average queue time per request, ms (clamp: an idle model reads 0, not NaN)
+    # average queue time per request, ms. No clamp on the divisor: an idle model's
+    # average is undefined, and PromQL's 0/0 = NaN becomes None (never a fake 0).
     avg_queue_ms: str = (
         "sum by (model) (rate(nv_inference_queue_duration_us$sel[$window]))"
-        " / clamp_min(sum by (model) (rate(nv_inference_request_success$sel[$window])), 1e-9) / 1000"
+        " / sum by (model) (rate(nv_inference_request_success$sel[$window])) / 1000"
     )
     # average compute time per request (input + infer + output), ms
     avg_compute_ms: str = (
         "(sum by (model) (rate(nv_inference_compute_input_duration_us$sel[$window]))"
         " + sum by (model) (rate(nv_inference_compute_infer_duration_us$sel[$window]))"
         " + sum by (model) (rate(nv_inference_compute_output_duration_us$sel[$window])))"
-        " / clamp_min(sum by (model) (rate(nv_inference_request_success$sel[$window])), 1e-9) / 1000"
+        " / sum by (model) (rate(nv_inference_request_success$sel[$window])) / 1000"
     )
     # NVIDIA's reference HPA signal (Triton tutorials): triton:queue_compute:ratio
     queue_compute_ratio: str = (
@@ -68,12 +69,12 @@ class Queries:
     # fallback when there are no summaries: the mean end-to-end time, flagged as such
     avg_request_ms: str = (
         "sum by (model) (rate(nv_inference_request_duration_us$sel[$window]))"
-        " / clamp_min(sum by (model) (rate(nv_inference_request_success$sel[$window])), 1e-9) / 1000"
+        " / sum by (model) (rate(nv_inference_request_success$sel[$window])) / 1000"
     )
     pending: str = "sum by (model) (nv_inference_pending_request_count$sel)"
     avg_batch: str = (
         "sum by (model) (rate(nv_inference_count$sel[$window]))"
-        " / clamp_min(sum by (model) (rate(nv_inference_exec_count$sel[$window])), 1e-9)"
+        " / sum by (model) (rate(nv_inference_exec_count$sel[$window]))"
     )
     # replicas that reported the success counter within the lookback
     ready_replicas: str = "count by (model) (count by (model, $replica) (nv_inference_request_success$sel))"

@@ -252,7 +252,8 @@ class ScrapeSource:
             num = total(name)
             if num is None or succ is None:
                 return None
-            return ok(signal, num / succ / 1000.0) if succ > 0 else ok(signal, 0.0 if num == 0 else math.inf)
+            # no request in the window: the average is undefined -> None, never 0
+            return ok(signal, num / succ / 1000.0) if succ > 0 else None
 
         q_ms = per_request("nv_inference_queue_duration_us", "avg_queue_ms")
         parts = [
@@ -265,7 +266,7 @@ class ScrapeSource:
         ]
         c_ms = None
         if succ is not None and all(p is not None for p in parts):
-            c_ms = ok("avg_compute_ms", sum(parts) / succ / 1000.0 if succ > 0 else 0.0)
+            c_ms = ok("avg_compute_ms", sum(parts) / succ / 1000.0) if succ > 0 else None
         qu, inf_ = total("nv_inference_queue_duration_us"), total("nv_inference_compute_infer_duration_us")
         qcr = ok("queue_compute_ratio", qu / max(inf_, 1.0)) if qu is not None and inf_ is not None else None
         cnt, ex = total("nv_inference_count"), total("nv_inference_exec_count")

@@ -241,3 +241,15 @@ def test_real_http_scrape_on_loopback():
         srv.shutdown()
         srv.server_close()
         th.join(5)
+
+
+def test_an_idle_window_has_a_zero_rate_but_no_latency():
+    """No request in the window: 0 req/s is a measurement, a latency average is not."""
+    src, fetch = source({"r1": ("resnet", "u1")})
+    fetch.texts["u1"] = expo(success=100, queue_us=5000, infer_us=9000, req_us=20000)
+    src.read(["resnet"], ["r1"], 0.0)
+    models, _ = src.read(["resnet"], ["r1"], 10.0)  # same counters: nothing happened
+    s = models["resnet"]
+    assert s.request_rate == 0 and s.success_rate == 0
+    assert s.avg_queue_ms is None and s.avg_compute_ms is None
+    assert s.p99_ms is None and s.avg_batch is None
