@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from autoscaler.act.local_pids import PidRegistry
@@ -44,8 +45,7 @@ class GroupsMixin:
     _pending: dict[str, dict[int, str]]
     _member_of: dict[str, str]
 
-    def log(self, msg: str) -> None:  # pragma: no cover - LocalCluster's
-        raise NotImplementedError
+    log: Callable[[str], None]  # LocalCluster's lifecycle log
 
     def _record(self, r: LocalReplica) -> None:
         """Put every process of ``r`` in pids.json (a group: the leader and each worker)."""

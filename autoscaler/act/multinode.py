@@ -14,7 +14,6 @@ supervisor recreate the whole group (``failed()`` tells it so).
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoscaler.act.procs import stop_child
 from autoscaler.act.triton import TritonPorts, TritonProcess, free_port, triton_env
 
 
@@ -200,19 +200,7 @@ class ProcessGroup:
         if self.leader is not None:
             self.leader.stop(timeout_s)
         for m in self.workers:
-            if m.proc is None or m.proc.poll() is not None:
-                continue
-            try:
-                os.killpg(m.proc.pid, signal.SIGTERM)
-                m.proc.wait(timeout=timeout_s)
-            except ProcessLookupError:
-                pass
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(m.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                m.proc.wait(timeout=5)
+            stop_child(m.proc, timeout_s)
 
     def recreate(self) -> None:
         """RecreateGroupOnPodRestart: tear every member down and start a fresh generation."""

@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autoscaler.act.procs import stop_child
+
 NGINX_CANDIDATES = ("/usr/sbin/nginx", "/usr/bin/nginx", "/usr/local/sbin/nginx", "/usr/local/bin/nginx")
 # Old workers get this long to finish in-flight requests after a reload; the
 # slowest emulated batch is ~100 ms (resnet 1g, batch 8), so 30 s is generous.
@@ -289,18 +291,6 @@ class NginxFrontDoor:
         return False
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        # SIGQUIT = graceful shutdown (finish in-flight requests); SIGKILL to the
-        # group we created if it hangs.
-        try:
-            os.kill(self.proc.pid, signal.SIGQUIT)
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(timeout=5)
-        except ProcessLookupError:
-            pass
+        # SIGQUIT to the master = graceful shutdown (workers finish in-flight
+        # requests); SIGKILL to the group we created if it hangs.
+        stop_child(self.proc, timeout_s, sig=signal.SIGQUIT, group=False)

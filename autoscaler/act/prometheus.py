@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.request
@@ -29,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoscaler.act.procs import stop_child
 from autoscaler.act.triton import free_port
 
 SCRAPE_INTERVAL_S = 2
@@ -191,16 +191,4 @@ class PrometheusServer:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(timeout=5)
-        except ProcessLookupError:
-            pass
+        stop_child(self.proc, timeout_s, group=False)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +22,8 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from autoscaler.act.procs import stop_child
 
 
 class TritonError(RuntimeError):
@@ -252,24 +253,9 @@ class TritonProcess:
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout_s``; stops only the process (group) we started."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            # The Python backend stubs are children of tritonserver in the session we
-            # created; signalling the group by our own PID reaches them and nothing else.
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait(timeout=5)
-        return self.proc.returncode
+        # The Python backend stubs are children of tritonserver in the session we
+        # created; signalling the group by our own PID reaches them and nothing else.
+        return stop_child(self.proc, timeout_s)
 
     def __enter__(self) -> TritonProcess:
         self.start()
