@@ -216,13 +216,15 @@ def initial_cluster_state(cluster: ClusterConfig) -> ClusterState:
 
 
 def validate_pair(
-    models: ModelsConfig, cluster: ClusterConfig, *, require_capacity: bool = True
+    models: ModelsConfig, cluster: ClusterConfig, *, require_capacity: bool = True, check_dirs: bool = True
 ) -> list[str]:
     """Problems that only show with both files: profiles vs the cluster's products,
     multinode groups vs the RDMA pool, model directories on disk, capacity tables.
 
     ``require_capacity=False`` skips the "no req/s figure" checks, for
     ``migscale profile``, which is how those figures come to exist.
+    ``check_dirs=False`` skips the model directories, for the Kubernetes
+    controller: there the repository is a volume of the Triton pods, not its own.
     """
     out: list[str] = []
     prods = _mig_products(cluster)
@@ -231,7 +233,9 @@ def validate_pair(
     for i, m in enumerate(models.models):
         at = f"models[{i}]"
         mdir = models.resolve(m.model_dir)
-        if not mdir.is_dir():
+        if not check_dirs:
+            pass
+        elif not mdir.is_dir():
             out.append(f"{at}.model_dir: no such directory ({mdir}), got {m.model_dir!r}")
         elif not (mdir / "config.pbtxt").is_file():
             out.append(f"{at}.model_dir: no config.pbtxt in {mdir}, got {m.model_dir!r}")

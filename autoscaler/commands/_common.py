@@ -53,14 +53,15 @@ def load_cluster_or_exit(path: str | Path) -> ClusterConfig:
 
 
 def load_or_exit(
-    models_path: str | Path, cluster_path: str | Path, *, require_capacity: bool = True
+    models_path: str | Path, cluster_path: str | Path, *, require_capacity: bool = True, check_dirs: bool = True
 ) -> tuple[ModelsConfig, ClusterConfig]:
     """Both configs, validated alone and together; on any problem exit 2.
 
     Problems in both files are reported in one go (a user fixing a typo in
     cluster.yaml should not discover the one in models.yaml on the next run).
     ``require_capacity=False`` is for ``migscale profile``, which produces the
-    capacity figures the other commands need.
+    capacity figures the other commands need; ``check_dirs=False`` for the
+    Kubernetes controller, whose model repository lives in the Triton pods.
     """
     problems: list[str] = []
     models = cluster = None
@@ -73,7 +74,8 @@ def load_or_exit(
     except ConfigError as exc:
         problems += _prefixed(cluster_path, exc.problems)
     if models is not None and cluster is not None:
-        problems += _prefixed(models_path, validate_pair(models, cluster, require_capacity=require_capacity))
+        problems += _prefixed(models_path, validate_pair(models, cluster, require_capacity=require_capacity,
+                                                             check_dirs=check_dirs))
     if problems or models is None or cluster is None:
         fail(problems)
     return models, cluster

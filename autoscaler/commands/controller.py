@@ -25,12 +25,11 @@ from typing import Annotated, Any
 
 import typer
 
-from autoscaler.commands._common import _prefixed, fail
+from autoscaler.commands._common import fail, load_or_exit
 
 # validate_pair's checks that model_dir exists on disk: on Kubernetes the model
 # repository is a volume of the Triton pods (k8s_render: --model-repository=/models),
 # never of the controller pod, so those two checks do not apply here.
-_LOCAL_ONLY = (".model_dir: no such directory", ".model_dir: no config.pbtxt")
 
 EXAMPLE = """
 Example (the container args in k8s/base/deployment.yaml):
@@ -322,24 +321,7 @@ def register(app: typer.Typer) -> None:
 
 def load_for_cluster(models_path: str, cluster_path: str) -> tuple[Any, Any]:
     """``load_or_exit`` without the on-disk model_dir checks; every other problem exits 2."""
-    from autoscaler.config import ConfigError, load_cluster, load_models, validate_pair
-
-    problems: list[str] = []
-    models_cfg = cluster_cfg = None
-    try:
-        models_cfg = load_models(models_path)
-    except ConfigError as exc:
-        problems += _prefixed(models_path, exc.problems)
-    try:
-        cluster_cfg = load_cluster(cluster_path)
-    except ConfigError as exc:
-        problems += _prefixed(cluster_path, exc.problems)
-    if models_cfg is not None and cluster_cfg is not None:
-        pair = validate_pair(models_cfg, cluster_cfg)
-        problems += _prefixed(models_path, [p for p in pair if not any(k in p for k in _LOCAL_ONLY)])
-    if problems or models_cfg is None or cluster_cfg is None:
-        fail(problems)
-    return models_cfg, cluster_cfg
+    return load_or_exit(models_path, cluster_path, check_dirs=False)
 
 
 def _source(prometheus: str | None, window_s: float, cluster_cfg: Any) -> Any:

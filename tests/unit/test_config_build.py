@@ -218,3 +218,15 @@ def test_hpa_defaults() -> None:
         ("Pods", 4, 15),
     ]
     assert pol.scale_up.select_policy == "Max"
+
+
+def test_check_dirs_off_skips_only_the_model_directory(tmp_path: Path) -> None:
+    models = parse_models(
+        {"models": [_model(model_dir="nowhere", profiles=["1g.5gb"], capacity={"1g.5gb": 1})]}, base_dir=tmp_path
+    )
+    cluster = parse_cluster({"gpus": [{"node": "n", "product": "A100-SXM4-80GB"}]})
+    on = validate_pair(models, cluster)
+    off = validate_pair(models, cluster, check_dirs=False)
+    assert any(".model_dir: no such directory" in p for p in on)
+    assert not any(".model_dir" in p for p in off)
+    assert off and all(p in on for p in off)  # the profile problem is still reported
