@@ -4,9 +4,18 @@
 ``Observation`` to the pure ``decide`` and passes the plan's actions to the
 actuator. Three rules keep it safe:
 
-- a gate: while the actuator still converges (replicas starting, drains,
-  repartitions) the tick only observes -- the policy keeps its windows
-  current but issues nothing, so it never acts on a half-applied plan;
+- a gate: what is still converging (replicas starting, drains,
+  repartitions) is only observed, never acted on again -- so the loop never
+  acts on a half-applied plan. An actuator that can say *what* is in flight
+  (an optional ``in_flight() -> (gpus, models)``) gets a per-GPU/per-model
+  gate: the loop decides every tick and drops only the actions that touch a
+  busy GPU or model, together with every action linked to them through a
+  shared GPU or model (``hold_in_flight``); those models report
+  ``HOLD_CONVERGING``. Worked number: a 180 s repartition of one GPU used to
+  freeze all 12 models for 36 ticks of 5 s; now only the models on that GPU
+  wait. An actuator without the hook keeps the global gate: while
+  ``converging()`` the tick only observes (windows stay current, nothing is
+  issued);
 - a metrics outage is not an error: the observation is marked
   ``source_ok=False`` and ``decide`` holds every model (no scale-downs);
 - any exception inside a tick is caught and reported in the ``TickResult``;
@@ -23,7 +32,7 @@ import json
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -39,7 +48,8 @@ from autoscaler.protocols import Actuator, Inventory, MetricsSource
 class TickResult:
     t_s: float
     ok: bool  # no exception and no actuator error
-    gated: bool = False  # actuator converging: observed only
+    gated: bool = False  # actuator converging: observed only (global gate)
+    held: tuple[str, ...] = ()  # models held by the per-GPU/per-model gate this tick
     source_ok: bool = True
     plan: Plan | None = None
     actions: tuple[Action, ...] = ()
@@ -118,6 +128,12 @@ class ControlLoop:
 
     def _tick(self, now: float) -> TickResult:
         cluster: ClusterState = self.inventory.snapshot()
+        busy = self._in_flight()
+        if busy is not None and busy[0]:
+            # the planner leaves busy GPUs as they are and places elsewhere
+            cluster = replace(
+                cluster, gpus=tuple(replace(g, busy=True) if g.id in busy[0] else g for g in cluster.gpus)
+            )
         names = [m.name for m in self.config.models]
         replica_ids = [r.id for r in cluster.replicas]
         notes: list[str] = []
@@ -141,7 +157,7 @@ class ControlLoop:
             notes=tuple(notes),
         )
         self.last_observation = obs
-        if self.actuator.converging():
+        if busy is None and self.actuator.converging():
             self.state = observe_only(obs, self.state, self.config, now)
             return TickResult(
                 t_s=now,
@@ -155,24 +171,51 @@ class ControlLoop:
         t0 = time.perf_counter()  # duration only (for /metrics), never a decision input
         plan, new_state = decide(obs, prev, self.config, now, planner=self.planner)
         self.last_decide_s = time.perf_counter() - t0
+        actions, held = plan.actions, frozenset()
+        reasons = dict(plan.reasons)
+        if busy is not None:
+            actions, held = hold_in_flight(plan.actions, cluster, busy[0], busy[1])
+            for m in held:
+                rs = tuple(r for r in reasons.get(m, ()) if r is not Reason.KEEP)
+                reasons[m] = (Reason.HOLD_CONVERGING, *rs)
+            if held:
+                # A held model did not scale: its scale event must not eat the
+                # behavior budget (the recommendation stands, as in HPA).
+                events = dict(new_state.scale_events)
+                for m in held:
+                    if m in prev.scale_events:
+                        events[m] = prev.scale_events[m]
+                    else:
+                        events.pop(m, None)
+                new_state = replace(new_state, scale_events=events)
         # The recommendation stands even if acting fails (HPA records it too), but
         # a scale event that did not happen must not eat the behavior budget.
         self.state = replace(new_state, scale_events=prev.scale_events)
         errors: list[str] = []
-        if plan.actions:
-            errors = list(self.actuator.apply(plan.actions))
+        if actions:
+            errors = list(self.actuator.apply(actions))
         if not errors:
             self.state = new_state
         return TickResult(
             t_s=now,
             ok=not errors,
+            held=tuple(sorted(held)),
             source_ok=source_ok,
             plan=plan,
-            actions=plan.actions,
+            actions=actions,
             errors=tuple(errors),
             notes=tuple(notes),
-            reasons=dict(plan.reasons),
+            reasons=reasons,
         )
+
+    def _in_flight(self) -> tuple[frozenset[str], frozenset[str]] | None:
+        """(busy GPUs, busy models) from the actuator's optional hook; None: no answer (global gate)."""
+        hook = getattr(self.actuator, "in_flight", None)
+        got = hook() if hook is not None else None
+        if got is None:  # no hook, or the actuator cannot tell right now
+            return None
+        gpus, models = got
+        return frozenset(gpus), frozenset(models)
 
     # ------------------------------------------------------------------ run
 
@@ -203,6 +246,80 @@ class ControlLoop:
             self.last_log_error = str(exc)
 
 
+def action_groups(
+    actions: Sequence[Action], owner: Callable[[str], tuple[str, str] | None]
+) -> list[int]:
+    """Group index per action: actions sharing a GPU or a model are linked (transitively).
+
+    ``owner(replica_id)`` gives (gpu, model) of a replica an action names
+    without saying where it is. An action that names nothing links to every
+    other (one group), so an unknown dependency is never cut.
+    """
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    keys: list[list[str]] = []
+    for a in actions:
+        where = owner(a.replica) if a.replica is not None else None
+        gpu = a.gpu if a.gpu is not None else (where[0] if where else None)
+        model = a.model if a.model is not None else (where[1] if where else None)
+        keys.append([k for k in (gpu and f"g:{gpu}", model and f"m:{model}") if k] or ["*"])
+    if any(k == ["*"] for k in keys):
+        return [0] * len(actions)
+    for k in keys:
+        for other in k[1:]:
+            parent[find(other)] = find(k[0])
+    ids: dict[str, int] = {}
+    return [ids.setdefault(find(k[0]), len(ids)) for k in keys]
+
+
+def hold_in_flight(
+    actions: Sequence[Action],
+    cluster: ClusterState,
+    busy_gpus: frozenset[str] | set[str],
+    busy_models: frozenset[str] | set[str],
+) -> tuple[tuple[Action, ...], frozenset[str]]:
+    """The per-GPU/per-model gate: (actions to issue now, models held).
+
+    Actions are linked when they share a GPU or a model (``action_groups``: a
+    REPARTITION and the CREATEs it makes room for; a replacement CREATE and
+    the DRAIN of the replica it replaces). A linked group that touches a busy
+    GPU (being repartitioned, draining, with queued actions) or a busy model
+    (actions still queued) is dropped whole, so make-before-break is never
+    split: the planner re-plans it next tick from what then runs. Order is kept.
+    """
+    reps = {r.id: r for r in cluster.replicas}
+
+    def owner(rid: str) -> tuple[str, str] | None:
+        r = reps.get(rid)
+        return (r.gpu, r.model) if r is not None else None
+
+    groups = action_groups(actions, owner)
+    bad: set[int] = set()
+    for a, g in zip(actions, groups):
+        where = owner(a.replica) if a.replica is not None else None
+        gpu = a.gpu if a.gpu is not None else (where[0] if where else None)
+        model = a.model if a.model is not None else (where[1] if where else None)
+        if gpu in busy_gpus or model in busy_models:
+            bad.add(g)
+    kept: list[Action] = []
+    held: set[str] = set()
+    for a, g in zip(actions, groups):
+        if g not in bad:
+            kept.append(a)
+            continue
+        where = owner(a.replica) if a.replica is not None else None
+        for m in (a.model, where[1] if where else None):
+            if m is not None:
+                held.add(m)
+    return tuple(kept), frozenset(held)
+
+
 def _with_delay(r: TickResult, delay: float) -> TickResult:
     return replace(r, next_delay_s=delay)
 
@@ -214,6 +331,7 @@ def decision_record(result: TickResult, state: PolicyState) -> dict[str, Any]:
         "t_s": result.t_s,
         "ok": result.ok,
         "gated": result.gated,
+        "held": list(result.held),
         "source_ok": result.source_ok,
         "errors": list(result.errors),
         "notes": [n for n in result.notes if "Traceback" not in n],

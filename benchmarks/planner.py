@@ -187,12 +187,13 @@ def pct(xs: list[float], q: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer instances and runs (smoke check)")
+    ap.add_argument("--out", help="also write the JSON object to this file")
     args = ap.parse_args()
     n_gap, runs_1k, runs_10k = (40, 3, 1) if args.quick else (200, 7, 5)
     g, ratio, infeasible = gaps(n_gap)
     t1k, peak1k, cold1k = time_plans(1000, 200, runs_1k)
     t10k, peak10k, cold10k = time_plans(10000, 1000, runs_10k)
-    print(json.dumps({
+    result = json.dumps({
         "gap_mean": round(statistics.fmean(g), 4),
         "gap_max": round(max(g), 4),
         "gap_instances": len(g),
@@ -210,7 +211,11 @@ def main() -> None:
         "peak_mb_1k": round(peak1k, 1),
         "peak_mb_10k": round(peak10k, 1),
         "rss_max_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-    }))
+    })
+    print(result)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(result + "\n")
 
 
 if __name__ == "__main__":

@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             "repartition_delay_s=10": ({}, {"repartition_delay_s": 10.0}, {}),
             "correction_off": ({}, {}, "nocorr"),
             "all_three": ({"churn_budget": 1000}, {"repartition_delay_s": 10.0}, "nocorr"),
+            # the loop's old behaviour: every model waits while anything converges
+            "global_gate": ({}, {"in_flight_hook": False}, {}),
         }
         from autoscaler.policy.demand import CorrectionConfig
 

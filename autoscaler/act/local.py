@@ -203,6 +203,27 @@ class LocalCluster(GroupsMixin):
                 for r in self._replicas.values()
             )
 
+    def in_flight(self) -> tuple[frozenset[str], frozenset[str]]:
+        """(GPUs, models) still converging, for the loop's per-GPU/per-model gate.
+
+        ``apply`` is synchronous here (WAIT_READY blocks inside it), so no action
+        is ever queued: what is in flight is a replica starting, draining or
+        failed (the supervisor restarts it). Their GPUs are busy; so are the
+        models of draining and failed replicas -- the snapshot still counts the
+        one and will recount the other once restarted, so planning on top of
+        them would double up. A replica that is only starting is capacity on
+        its way, which the policy counts: its model may keep scaling.
+        """
+        with self._lock:
+            gpus: set[str] = set()
+            models: set[str] = set()
+            for r in self._replicas.values():
+                if r.state in (ReplicaState.STARTING, ReplicaState.DRAINING, ReplicaState.FAILED):
+                    gpus.update(r.gpus)
+                if r.state in (ReplicaState.DRAINING, ReplicaState.FAILED):
+                    models.add(r.model)
+            return frozenset(gpus), frozenset(models)
+
     def apply(self, actions: Sequence[Action]) -> list[str]:
         errors: list[str] = []
         created: list[str] = []

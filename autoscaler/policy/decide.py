@@ -170,7 +170,7 @@ def _observe_model(obs, state: PolicyState, cfg: PolicyConfig, spec: ModelSpec, 
     if not _valid_rate(sig):
         sig = None
     drain = cfg.backlog_drain_s if cfg.backlog_drain_s is not None else cfg.short_window_s
-    observed = dm.observed_demand(sig, drain)
+    observed = dm.observed_demand(sig, drain, cap if cap > 0 else None)
     keep = max(cfg.long_window_s, cfg.short_window_s)
     hist = state.demand.get(name, ())
     if observed is not None:

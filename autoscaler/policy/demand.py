@@ -54,8 +54,13 @@ class CorrectionConfig:
     lo: float = 0.5
     hi: float = 2.0
     # A sample only says the table is pessimistic when the model is busy:
-    # at 10% utilisation a fast p99 tells nothing about capacity.
-    min_utilization: float = 0.7
+    # at 10% utilisation a fast p99 tells nothing about capacity -- and nor
+    # does 70%: latency is flat until close to capacity (M/M/1 worked number:
+    # a 381 req/s, 100 ms-p99 replica at 70% load has p99 = 29 ms, under half
+    # the SLO although the table is exact). Deflating there shrank capacity to
+    # 0.5x and missed every following burst; at 90% load the same replica has
+    # p99 = 55 ms, so only a really pessimistic table still deflates.
+    min_utilization: float = 0.9
     low_band: float = 0.5  # p99 below half the SLO while busy -> deflate
     max_utilization_up: float = 1.0  # above it a slow p99 is overload, not a table error
 
@@ -63,6 +68,15 @@ class CorrectionConfig:
 # Queue time up to this multiple of compute time is ordinary batching wait;
 # beyond it requests are piling up faster than the replicas finish them.
 SATURATED_QUEUE_COMPUTE = 1.0
+# Pressure is a guess about demand the rate cannot show; beyond a few times
+# capacity it is noise: a 30 s queue behind a 20 ms compute is ratio 1500,
+# and an uncapped (1 + 1500) / 2 = 750x would ask for 750x the capacity,
+# which panic mode then holds and the scale-down window keeps for 5 minutes.
+# HPA's behavior doubles capacity per period anyway, so 4x loses no speed.
+MAX_SATURATION_PRESSURE = 4.0
+# The served rate is saturated only near capacity; below 90% of it the rate is
+# the demand itself and saturation pressure does not apply.
+SATURATED_UTILIZATION = 0.9
 
 
 def saturation_pressure(signals: ModelSignals | None) -> float:
@@ -74,7 +88,8 @@ def saturation_pressure(signals: ModelSignals | None) -> float:
     ``pending`` shows how much more is wanted. Queue time does: a request that
     waits 3x as long as it computes (ratio 3) means about (1 + 3) / 2 = 2x the
     capacity is wanted. At or below ratio 1 this is exactly 1 (no effect),
-    and a missing ratio is 1 too (the other terms still hold).
+    and a missing ratio is 1 too (the other terms still hold); it never
+    exceeds ``MAX_SATURATION_PRESSURE``.
     """
     if signals is None:
         return 1.0
@@ -87,24 +102,38 @@ def saturation_pressure(signals: ModelSignals | None) -> float:
         return 1.0
     if not math.isfinite(ratio) or ratio <= SATURATED_QUEUE_COMPUTE:
         return 1.0
-    return (1.0 + ratio) / (1.0 + SATURATED_QUEUE_COMPUTE)
+    return min(MAX_SATURATION_PRESSURE, (1.0 + ratio) / (1.0 + SATURATED_QUEUE_COMPUTE))
 
 
-def observed_demand(signals: ModelSignals | None, backlog_drain_s: float) -> float | None:
-    """Arrival rate now: served rate, scaled by saturation pressure, plus the queued backlog.
+def observed_demand(
+    signals: ModelSignals | None, backlog_drain_s: float, capacity_rps: float | None = None
+) -> float | None:
+    """Arrival rate now: served rate, scaled by saturation pressure, or plus the queued backlog.
 
     The served rate saturates at capacity, so a queue of 200 requests with a
     10 s drain adds 20 req/s, and a queue:compute ratio above 1 scales the
     rate up (``saturation_pressure``) -- otherwise a saturated model would only
     ever ask for what it already has. A missing ``pending`` or ratio adds
     nothing (refinements); a missing request rate makes demand None.
+
+    ``capacity_rps`` (what runs, at the SLO): a rate clearly below it
+    (< ``SATURATED_UTILIZATION``) is not saturated, so it is the demand and
+    queue time is ordinary load -- a single queue at 80% load already waits
+    4x its compute time (rho / (1 - rho)), and reading that as 2.5x demand
+    made capacity swing between 1x and 3x the load.
     """
     if signals is None or signals.request_rate is None:
         return None
     extra = 0.0
     if signals.pending is not None and backlog_drain_s > 0:
         extra = signals.pending / backlog_drain_s
-    return signals.request_rate * saturation_pressure(signals) + extra
+    if capacity_rps is not None and capacity_rps > 0 and signals.request_rate < SATURATED_UTILIZATION * capacity_rps:
+        return signals.request_rate + extra
+    # Queued requests are what makes queue time long, so the backlog and the
+    # pressure measure the same excess: take the larger, never both (adding
+    # them asked a flash crowd at 3x capacity for 7x, filled the cluster and
+    # starved every other model).
+    return max(signals.request_rate * saturation_pressure(signals), signals.request_rate + extra)
 
 
 def record_demand(

@@ -148,7 +148,8 @@ def _realize_search(product: Product, items: list[str]) -> tuple[Placement, ...]
 class GpuWork:
     """The target of one GPU while the plan is being built (mutable, planner-private)."""
 
-    __slots__ = ("blocked", "current", "fabric", "hard", "id", "node", "order", "product", "rdma", "soft", "whole")
+    __slots__ = ("blocked", "current", "fabric", "frozen", "hard", "id", "node", "order", "product", "rdma", "soft",
+                 "whole")
 
     def __init__(self, gid: str, node: str, product: Product, rdma: bool, fabric: str | None,
                  current: tuple[Placement, ...], order: int) -> None:
@@ -164,6 +165,7 @@ class GpuWork:
         self.blocked: dict[int, Placement] = {}
         self.soft: set[Placement] = set(current)
         self.whole: str | None = None  # multinode model holding the whole GPU
+        self.frozen = False  # GpuState.busy: work in flight, nothing new goes here this tick
 
     def hard_layout(self) -> tuple[Placement, ...]:
         return tuple(sorted(Placement(s, v[1]) for s, v in self.hard.items()))
@@ -203,6 +205,8 @@ class Index:
             self.add(g)
 
     def add(self, g: GpuWork) -> None:
+        if g.whole is not None or g.frozen:
+            return  # a whole GPU held by a multinode group (or one still converging) takes no new instance
         k = g.key()
         self.buckets.setdefault(k, {})[g.id] = g
         self.where[g.id] = k
@@ -275,7 +279,7 @@ HA_AWARE_MAX_ITEMS = 400
 
 
 def pack(gpus: list[GpuWork], pools: dict[str, deque[str]], index: Index, *, allow_new: bool = True,
-         ha_models: frozenset[str] = frozenset()) -> None:
+         ha_models: frozenset[str] = frozenset(), reuse_layouts: bool = False) -> None:
     """Place every replica in ``pools`` (profile -> models, one entry per replica).
 
     Fills GPUs that already host replicas first (biggest instances first),
@@ -304,10 +308,31 @@ def pack(gpus: list[GpuWork], pools: dict[str, deque[str]], index: Index, *, all
     placed_ha: set[str] = set()
     if ha_aware:
         placed_ha = {v[0] for g in gpus for v in g.hard.values() if v[0] in ha_models}
+    if reuse_layouts:
+        # 1b. idle GPUs already cut into instances these replicas can use as
+        # they are: no repartition (the caller keeps this variant only when it
+        # costs no GPU and no slice more than cutting fresh patterns).
+        for g in sorted(gpus, key=lambda g: (g.rdma, g.order)):
+            if g.hard or g.blocked or g.whole is not None or g.frozen or not g.soft:
+                continue
+            take = [p for p in sorted(g.soft, key=lambda p: (-g.product.profiles[p.profile].compute, p.start))
+                    if pools.get(p.profile)]
+            if not take:
+                continue
+            index.remove(g)
+            here: set[str] = set()
+            for pl in take:
+                if pools[pl.profile]:
+                    model = _pop(pools[pl.profile], here, ha_models, placed_ha) if ha_aware \
+                        else pools[pl.profile].popleft()
+                    here.add(model)
+                    g.place(model, pl.profile, pl.start, ())
+            placed_ha |= here & ha_models
+            index.add(g)
     # 2. open empty GPUs, a whole-GPU pattern at a time
     empties: dict[tuple, list[GpuWork]] = {}
     for g in sorted(gpus, key=lambda g: (g.rdma, g.order)):
-        if not g.hard and not g.blocked and g.whole is None:
+        if not g.hard and not g.blocked and g.whole is None and not g.frozen:
             empties.setdefault((g.rdma, g.product.name), []).append(g)
     for (_rdma, _pname), group in sorted(empties.items(), key=lambda kv: (kv[0][0], kv[1][0].order)):
         product = group[0].product

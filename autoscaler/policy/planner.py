@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -75,6 +76,8 @@ HEALTHY = (ReplicaState.READY, ReplicaState.STARTING)
 # slices of the optimum, so a plan never undoes its own choice next tick.
 REBALANCE_MIN_SLICES = 7
 SEARCH_SLACK = 6
+# Consolidate -> refill rounds when a shortage meets an emptied GPU.
+CONSOLIDATE_ROUNDS = 4
 
 
 class _Model:
@@ -154,10 +157,19 @@ def plan(
             _size_model(m, replicas_by_model.get(spec.name, []), by_id, load, removed,
                         rebalance=spec.name not in no_rebalance)
 
-        def attempt(adds: Mapping[str, dict[str, int]] | None, work=work, removed=removed) -> Plan:
-            return _attempt(cluster, models, demand_rps, specs, work, removed, adds, churn_budget, now_s, mn_models)
+        def attempt(adds: Mapping[str, dict[str, int]] | None, work=work, removed=removed, reuse=False,
+                    plain=False) -> Plan:
+            return _attempt(cluster, models, demand_rps, specs, work, removed, adds, churn_budget, now_s,
+                            mn_models, reuse, plain)
 
         best = attempt(None)
+        if any(m.add for m in work.values()) and any(g.current for g in gpus):
+            # Variant: fill idle GPUs' existing instances first. Kept only when it
+            # is no worse in shortfall, GPUs and slices, and needs fewer actions.
+            alt = attempt(None, reuse=True)
+            if _plan_key(alt) < _plan_key(best):
+                best = alt
+                attempt = functools.partial(attempt, reuse=True)  # the search continues from it
         # A switch to the optimal mix that cannot be placed (no room beside the
         # replicas it replaces) is dropped: keep serving as is, scale only.
         failed = {n for n, m in work.items() if m.rebalanced and _mix_of(best, n) != m.target_mix()}
@@ -165,6 +177,12 @@ def plan(
             break
         no_rebalance |= failed
     if _worth_searching(best, work, gpus):
+        if any(m.add and m.spec.high_availability for m in work.values()):
+            # Variant: pack without holding HA replicas back, repair HA after.
+            alt = attempt(None, plain=True)
+            if _plan_key(alt) < _plan_key(best):
+                best = alt
+                attempt = functools.partial(attempt, plain=True)
         best = _search_mixes(best, work, attempt, gpus)
     if invalid & set(specs):
         reasons = {n: rs + ((Reason.INVALID_METRIC,) if n in invalid else ()) for n, rs in best.reasons.items()}
@@ -235,7 +253,7 @@ def _plan_key(p: Plan) -> tuple:
 def _attempt(cluster: ClusterState, models: Sequence[ModelSpec], demand_rps: Mapping[str, float],
              specs: dict[str, ModelSpec], work0: dict[str, _Model], removed0: dict[str, Reason],
              adds: Mapping[str, dict[str, int]] | None, churn_budget: int | None, now_s: float,
-             mn_models: list[ModelSpec]) -> Plan:
+             mn_models: list[ModelSpec], reuse: bool = False, plain: bool = False) -> Plan:
     """Place, repair and finish one candidate (sizing already done; ``adds`` overrides new mixes)."""
     gpus, by_id = _gpu_work(cluster)
     removed = dict(removed0)
@@ -262,17 +280,28 @@ def _attempt(cluster: ClusterState, models: Sequence[ModelSpec], demand_rps: Map
     total_new = sum(sum(m.add.values()) for m in work.values())
     placed_tier2: set[tuple[str, int]] = set()
     if total_new:
-        place_all(work, gpus, placed_tier2)
+        place_all(work, gpus, placed_tier2, reuse=reuse, plain=plain)
     moved = fix_high_availability(work, gpus, removed)
-    freed = consolidate(work, gpus, removed)
-    moved |= freed
-    if freed and total_new and unmet(work, gpus):
-        # Consolidation emptied a GPU while demand is still unmet: use it now,
-        # not next tick (a plan must be a fixpoint of itself).
+    evacuated: set[str] = set()
+    for _ in range(CONSOLIDATE_ROUNDS):
+        moved |= consolidate(work, gpus, removed, evacuated)
+        if not (total_new and unmet(work, gpus)):
+            break
+        # The HA repair or consolidation may have opened space while demand
+        # is still unmet: use it now, not next tick (a plan must be a
+        # fixpoint of itself), then look again while that helps.
+        before = sum(len(g.hard) for g in gpus)
         ha = frozenset(n for n, m in work.items() if m.spec.high_availability)
         for level in sorted({m.spec.priority for m in work.values()}, reverse=True):
-            refill([m for m in work.values() if m.spec.priority == level], gpus, placed_tier2, ha)
+            # A GPU just emptied on purpose is not refilled with new replicas in
+            # the space its old ones leave (that would only churn them).
+            refill([m for m in work.values() if m.spec.priority == level], gpus, placed_tier2, ha,
+                   keep_closed=frozenset(evacuated))
+        if sum(len(g.hard) for g in gpus) == before:
+            break
         moved |= fix_high_availability(work, gpus, removed)
+    # Consolidation and top-ups change what is where: check the HA spread last.
+    moved |= fix_high_availability(work, gpus, removed)
 
     return acts.finish(
         now_s=now_s,
@@ -297,6 +326,7 @@ def _gpu_work(cluster: ClusterState) -> tuple[list[GpuWork], dict[str, GpuWork]]
         if product is None:
             continue  # unknown hardware is never planned onto
         w = GpuWork(g.id, g.node, product, g.rdma, g.fabric, tuple(sorted(g.layout)) if g.mig_enabled else (), i)
+        w.frozen = g.busy
         gpus.append(w)
         by_id[g.id] = w
     return gpus, by_id

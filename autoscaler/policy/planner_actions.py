@@ -7,20 +7,32 @@ recording fakes.
 Action order (make-before-break), in waves until everything is emitted:
 REPARTITION of GPUs whose removed instances are empty by now -> CREATE ->
 WAIT_READY -> DRAIN + DELETE of replicas whose replacements are ready. A
-replacement's DELETE waits for every CREATE of its model; a REPARTITION waits
-for the DELETE of every replica on an instance it destroys; a CREATE on a new
-instance waits for its GPU's REPARTITION. A cycle (a model's new replica
-needs the space its own old replica still serves from) is deferred with
+serving replica is drained only while its model keeps at least
+min(capacity before, capacity after, target) req/s from ready replicas; a
+REPARTITION waits for the DELETE of every replica on an instance it
+destroys; a CREATE on a new or occupied instance waits for its GPU's
+REPARTITION or the DELETE of the replica there. What can never become ready
+(a model's new replica needs the space its own old replica still serves
+from, and dropping that one first would break the floor) is deferred with
 ``Reason.CHURN_BUDGET`` rather than dropping capacity.
 
-Multinode groups (``planner_multinode``): one CREATE per member GPU, the
-whole group selected or deferred together under the churn budget.
+Churn budget: CREATE + DELETE actions per call. Filled in this order: new
+capacity by priority (with the deletes its space depends on), clean-up and
+scale-down deletes, consolidation moves (all or nothing per model: a copy
+without its delete is churn for nothing), other replacements. Multinode
+groups (``planner_multinode``): one CREATE per member GPU, the whole group
+selected or deferred together.
+
+``Plan.desired`` is the full target; ``assignments`` / ``layouts`` are what
+this call's actions leave behind (deferred changes excluded), so
+``apply_plan_to_cluster(cluster, plan)`` matches them exactly. ``Cost``
+counts MIG instances created / destroyed by the REPARTITIONs.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -174,6 +186,10 @@ def finish(*, now_s: float, cluster: ClusterState, gpus: list[GpuWork], work: di
         gap = d - full_cap.get(name, 0.0)
         if gap > 1e-9:
             shortfall[name] = gap
+        # A floor (min_replicas, 2 for HA) the cluster cannot hold is a shortfall too.
+        n = sum(c for (m, _p), c in desired.items() if m == name)
+        floor = min(max(spec.min_replicas, 2 if spec.high_availability else 0), spec.max_replicas)
+        if gap > 1e-9 or n < floor:
             reasons.setdefault(name, [])
             if Reason.SHORTFALL not in reasons[name]:
                 reasons[name].append(Reason.SHORTFALL)
@@ -233,15 +249,16 @@ def _select(creates: list[_Create], removed: dict[str, Reason], replicas: dict[s
     def needs(rid: str) -> bool:  # a replacement delete waits for all its model's creates
         return removed[rid] in REPLACING and any(c.order not in sel_c for c in by_model_c.get(replicas[rid].model, []))
 
-    def take_create(unit: list[_Create]) -> None:
+    def take_create(unit: list[_Create], along: Sequence[str] = ()) -> None:
         nonlocal left
-        deps: set[str] = set()
+        deps: set[str] = {d for d in along if d not in sel_d}
         for c in unit:
             if c.tier2:
                 deps |= {d for d in on_gpu.get(c.gpu, []) if d not in sel_d}
             else:
                 deps |= {d for d in on_gpu.get(c.gpu, []) if d not in sel_d and _overlap(by_id[c.gpu], c, replicas[d])}
-        if any(removed[d] in REPLACING and replicas[d].model not in {c.model for c in unit} for d in deps):
+        if any(removed[d] in REPLACING and replicas[d].model not in {c.model for c in unit} and d not in along
+               for d in deps):
             return
         cost = len(unit) + len(deps)
         if cost > left:
@@ -276,7 +293,14 @@ def _select(creates: list[_Create], removed: dict[str, Reason], replicas: dict[s
     for rid in sorted(removed, key=lambda r: (removed[r] in REPLACING, r)):
         if removed[rid] not in REPLACING:
             take_delete(rid)
-    rest = [c for c in creates if c.reason in REPLACING]
+    # A consolidation move is all or nothing per model: a copy made without
+    # deleting the original is churn for nothing (the next tick would just
+    # scale the extra replica down again).
+    for model in sorted({c.model for c in creates if c.reason is Reason.CONSOLIDATE}):
+        cs = [c for c in creates if c.model == model and c.reason is Reason.CONSOLIDATE]
+        ds = sorted(r for r in removed if removed[r] is Reason.CONSOLIDATE and replicas[r].model == model)
+        take_create(cs, ds)
+    rest = [c for c in creates if c.reason in REPLACING and c.reason is not Reason.CONSOLIDATE]
     for u in units(rest):
         take_create(u)
         for rid in sorted(removed):

@@ -14,8 +14,8 @@ import math
 from collections import deque
 from typing import TYPE_CHECKING
 
-from autoscaler.mig.layout import Placement
-from autoscaler.policy.packing import GpuWork, Index, interleave, overlaps, pack
+from autoscaler.mig.layout import Placement, check_layout
+from autoscaler.policy.packing import GpuWork, Index, fit, interleave, overlaps, pack
 from autoscaler.policy.planner_sizing import EPS, cover
 from autoscaler.policy.types import Reason
 
@@ -46,38 +46,86 @@ def _pools(counts: dict[str, dict[str, int]]) -> dict[str, deque[str]]:
     return {p: interleave(ms) for p, ms in per_prof.items()}
 
 
-def _pack_two_tiers(gpus: list[GpuWork], pools: dict[str, deque[str]], placed_tier2: set[tuple[str, int]],
-                    ha: frozenset[str] = frozenset()) -> None:
-    """Tier 1: space free now. Tier 2: also the space of replicas leaving this tick."""
-    pack(gpus, pools, Index(gpus), ha_models=ha)
-    if not any(pools.values()) or not any(g.blocked for g in gpus):
-        return
-    saved = {g.id: g.blocked for g in gpus if g.blocked}
+def _open_tier2(gpus: list[GpuWork], skip: frozenset[str] = frozenset()
+                ) -> tuple[dict[str, dict[int, Placement]], dict[str, set[int]]]:
+    """Make the instances of leaving replicas usable (as empty instances),
+    except on the GPUs in ``skip``."""
+    saved = {g.id: g.blocked for g in gpus if g.blocked and g.id not in skip}
     before = {g.id: set(g.hard) for g in gpus}
     for g in gpus:
-        if g.blocked:
+        if g.blocked and g.id not in skip:
             g.soft |= set(g.blocked.values())
             g.blocked = {}
-    pack(gpus, pools, Index(gpus), ha_models=ha)
+    return saved, before
+
+
+def _close_tier2(gpus: list[GpuWork], saved: dict[str, dict[int, Placement]], before: dict[str, set[int]],
+                 placed_tier2: set[tuple[str, int]]) -> None:
     for g in gpus:
         for s in set(g.hard) - before[g.id]:
             placed_tier2.add((g.id, s))
         if g.id in saved:
             # Instances of leaving replicas that nothing new took stay blocked
-            # (their replica is deleted this tick; the instance stays as it is).
-            # ...and those a new replica overlaps are taken by it (the CREATE
-            # waits for their DELETE: see planner_actions).
+            # (their replica is deleted this tick; the instance stays as it is);
+            # those a new replica overlaps are taken by it (the CREATE waits for
+            # their DELETE: see planner_actions).
             taken = [Placement(s, v[1]) for s, v in g.hard.items()]
             g.blocked = {s: p for s, p in saved[g.id].items()
                          if not any(overlaps(g.product, p, t) for t in taken)}
             g.soft -= set(g.blocked.values())
 
 
-def place_all(work: dict[str, _Model], gpus: list[GpuWork], placed_tier2: set[tuple[str, int]]) -> None:
+def _pack_two_tiers(gpus: list[GpuWork], pools: dict[str, deque[str]], placed_tier2: set[tuple[str, int]],
+                    ha: frozenset[str] = frozenset(), reuse: bool = False) -> None:
+    """Tier 1: space free now. Tier 2: also the space of replicas leaving this tick."""
+    pack(gpus, pools, Index(gpus), ha_models=ha, reuse_layouts=reuse)
+    if not any(pools.values()) or not any(g.blocked for g in gpus):
+        return
+    saved, before = _open_tier2(gpus)
+    pack(gpus, pools, Index(gpus), ha_models=ha)
+    _close_tier2(gpus, saved, before, placed_tier2)
+
+
+def _place_one(index: Index, model: str, profile: str, ha: frozenset[str]) -> bool:
+    """One replica on the fullest GPU it fits (another GPU than its siblings when HA)."""
+    got = None
+    if model in ha:
+        got = index.find(profile, used_only=False, avoid_model=model)
+    if got is None:
+        got = index.find(profile, used_only=False)
+    if got is None:
+        return False
+    g, start, destroyed = got
+    index.remove(g)
+    g.place(model, profile, start, destroyed)
+    index.add(g)
+    return True
+
+
+def _place_seq(gpus: list[GpuWork], items: list[tuple[str, str]], placed_tier2: set[tuple[str, int]],
+               ha: frozenset[str]) -> None:
+    """Place ``(model, profile)`` items one at a time in the given order (the
+    proportional shortage path), tier 1 then tier 2; one index for all, so the
+    cost is items x signatures, not items x GPUs."""
+    index = Index(gpus)
+    left = [it for it in items if not _place_one(index, it[0], it[1], ha)]
+    if left and any(g.blocked for g in gpus):
+        saved, before = _open_tier2(gpus)
+        index = Index(gpus)
+        for model, prof in left:
+            _place_one(index, model, prof, ha)
+        _close_tier2(gpus, saved, before, placed_tier2)
+
+
+def place_all(work: dict[str, _Model], gpus: list[GpuWork], placed_tier2: set[tuple[str, int]],
+              *, reuse: bool = False, plain: bool = False) -> None:
+    """Place every model's new replicas (``m.add``); ``reuse``: fill the empty
+    instances of idle GPUs' current layouts before cutting new patterns;
+    ``plain``: do not hold HA replicas back while packing (repair after)."""
     snap = _snapshot(gpus)
     ha = frozenset(n for n, m in work.items() if m.spec.high_availability)
     pools = _pools({n: m.add for n, m in work.items()})
-    _pack_two_tiers(gpus, pools, placed_tier2, ha)
+    _pack_two_tiers(gpus, pools, placed_tier2, frozenset() if plain else ha, reuse)
     if not any(pools.values()):
         return
     if ha:
@@ -142,9 +190,7 @@ def place_all(work: dict[str, _Model], gpus: list[GpuWork], placed_tier2: set[tu
             _restore(gpus, snap2)
             placed_tier2.clear()
             placed_tier2 |= t2
-            for _f, name, p in extras:
-                one = {p: deque([name])}
-                _pack_two_tiers(gpus, one, placed_tier2, ha)
+            _place_seq(gpus, [(name, p) for _f, name, p in extras], placed_tier2, ha)
     # Whatever did not fit with the chosen profiles: the models' other profiles,
     # one replica at a time to the least-served model of the highest priority.
     for level in levels:
@@ -189,44 +235,52 @@ def unmet(work: dict[str, _Model], gpus: list[GpuWork]) -> bool:
     )
 
 
-def _placed(m: _Model, gpus: list[GpuWork]) -> list[str]:
-    return [v[1] for g in gpus for v in g.hard.values() if v[0] == m.spec.name]
+def refill(ms: list[_Model], gpus: list[GpuWork], placed_tier2: set[tuple[str, int]], ha: frozenset[str],
+           *, keep_closed: frozenset[str] = frozenset()) -> None:
+    """Top up models whose demand or floor is unmet with any usable profile
+    that still fits, one replica at a time to the least-served model (tier 1,
+    then tier 2). Cost: replicas placed x signatures."""
+    if not ms:
+        return
+    by_name = {m.spec.name: m for m in ms}
+    have: dict[str, float] = dict.fromkeys(by_name, 0.0)
+    count: dict[str, int] = dict.fromkeys(by_name, 0)
+    for g in gpus:
+        for model, prof, _rid in g.hard.values():
+            if model in by_name:
+                have[model] += by_name[model].cap.get(prof, 0.0)
+                count[model] += 1
 
+    def run(index: Index) -> None:
+        active = sorted(ms, key=lambda m: m.spec.name)
+        while active:
+            def met(m: _Model) -> float:
+                return have[m.spec.name] / m.demand if m.demand and m.demand > EPS else math.inf
 
-def refill(ms: list[_Model], gpus: list[GpuWork], placed_tier2: set[tuple[str, int]], ha: frozenset[str]) -> None:
-    def met(m: _Model) -> float:
-        have = sum(m.cap.get(p, 0.0) for p in _placed(m, gpus))
-        return have / m.demand if m.demand and m.demand > EPS else math.inf
-
-    active = sorted(ms, key=lambda m: m.spec.name)
-    while active:
-        progress = False
-        for m in sorted(active, key=lambda m: (met(m), m.spec.name)):
-            profs = _placed(m, gpus)
-            need = (m.demand or 0.0) - sum(m.cap.get(p, 0.0) for p in profs)
-            room = m.spec.max_replicas - len(profs)
-            if (need <= EPS and len(profs) >= m.floor) or room <= 0:
+            m = min(active, key=lambda m: (met(m), m.spec.name))
+            n = m.spec.name
+            need = (m.demand or 0.0) - have[n]
+            room = m.spec.max_replicas - count[n]
+            if (need <= EPS and count[n] >= m.floor) or room <= 0:
                 active.remove(m)
                 continue
-            index = Index(gpus)
             opts = [o for o in m.options if index.find(o.name, used_only=False) is not None]
-            if not opts:
-                active.remove(m)
-                continue
-            mix = cover(need, opts, max(0, m.floor - len(profs)), room)
+            mix = cover(need, opts, max(0, m.floor - count[n]), room) if opts else {}
             first = next((o.name for o in opts if o.name in mix), None)
-            if first is None:
+            if first is None or not _place_one(index, n, first, ha):
                 active.remove(m)
                 continue
-            pools = {first: deque([m.spec.name])}
-            _pack_two_tiers(gpus, pools, placed_tier2, ha)
-            if pools[first]:
-                active.remove(m)
-            else:
-                progress = True
-            break  # re-rank after every replica
-        if not progress and active:
-            continue
+            have[n] += m.cap.get(first, 0.0)
+            count[n] += 1
+
+    run(Index(gpus))
+    if any(g.blocked for g in gpus) and any(
+        ((m.demand or 0.0) - have[m.spec.name] > EPS or count[m.spec.name] < m.floor)
+        and count[m.spec.name] < m.spec.max_replicas for m in ms
+    ):
+        saved, before = _open_tier2(gpus, keep_closed)
+        run(Index(gpus))
+        _close_tier2(gpus, saved, before, placed_tier2)
 
 
 def fix_high_availability(work: dict[str, _Model], gpus: list[GpuWork],
@@ -270,10 +324,18 @@ def fix_high_availability(work: dict[str, _Model], gpus: list[GpuWork],
                 break
         if done:
             continue
-        # b) place one more replica of the same profile on another GPU, drop one here
-        g, s, v = next(((g, s, v) for g, s, v in where if v[2] is None), where[0])
+        # b) exchange a new replica with a new replica of another (non-HA) model
+        #    of a different profile elsewhere, when both still fit after the swap
+        #    (3g+3g | 1g+1g -> 3g+1g | 3g+1g)
+        if _swap_across(m.spec.name, where, g0, gpus, ha):
+            continue
+        # c) move one replica (a new one, the smallest, if any) to another GPU
         index = Index([h for h in gpus if h is not g0])
-        got = index.find(v[1], used_only=False)
+        got = None
+        for g, s, v in sorted(where, key=lambda t: (t[2][2] is not None, g0.product.profiles[t[2][1]].compute, t[1])):
+            got = index.find(v[1], used_only=False)
+            if got is not None:
+                break
         if got is None:
             m.why(Reason.SHORTFALL)
             continue
@@ -291,14 +353,50 @@ def fix_high_availability(work: dict[str, _Model], gpus: list[GpuWork],
     return moved
 
 
+def _swap_across(name: str, where: list, g0: GpuWork, gpus: list[GpuWork], ha: set[str]) -> bool:
+    for _g, s, v in where:
+        if v[2] is not None:
+            continue
+        for h in gpus:
+            if h is g0 or h.whole is not None or h.frozen or not h.hard:
+                continue
+            for s2, v2 in list(h.hard.items()):
+                if v2[2] is not None or v2[0] == name or v2[1] == v[1]:
+                    continue
+                if v2[0] in ha and not _still_spread(v2[0], h, s2, g0, gpus):
+                    continue
+                saved = [(x, dict(x.hard), dict(x.blocked), set(x.soft)) for x in (g0, h)]
+                del g0.hard[s]
+                g0.soft.add(Placement(s, v[1]))
+                del h.hard[s2]
+                h.soft.add(Placement(s2, v2[1]))
+                a = fit(g0.product, g0.occupied(), tuple(sorted(g0.soft)), v2[1])
+                b = fit(h.product, h.occupied(), tuple(sorted(h.soft)), v[1])
+                if a is not None and b is not None:
+                    g0.place(v2[0], v2[1], a[0], a[1])
+                    h.place(name, v[1], b[0], b[1])
+                    if not check_layout(g0.product, g0.hard_layout()) and not check_layout(h.product, h.hard_layout()):
+                        return True
+                for x, hard, blocked, soft in saved:
+                    x.hard, x.blocked, x.soft = hard, blocked, soft
+    return False
+
+
+def _still_spread(model: str, h: GpuWork, s2: int, g0: GpuWork, gpus: list[GpuWork]) -> bool:
+    """Would ``model`` keep >= 2 distinct GPUs if its replica at (h, s2) moved to g0?"""
+    ids = [g.id for g in gpus for s, v in g.hard.items() if v[0] == model and not (g is h and s == s2)]
+    return len(ids) + 1 < 2 or len(set(ids) | {g0.id}) >= 2
+
+
 def _hosts(g: GpuWork, model: str) -> bool:
     return any(v[0] == model for v in g.hard.values())
 
 
-def consolidate(work: dict[str, _Model], gpus: list[GpuWork], removed: dict[str, Reason]) -> set[tuple[str, int]]:
+def consolidate(work: dict[str, _Model], gpus: list[GpuWork], removed: dict[str, Reason],
+                evacuated: set[str] | None = None) -> set[tuple[str, int]]:
     """Empty lightly used GPUs whose replicas all fit in free space elsewhere."""
     moved: set[tuple[str, int]] = set()
-    used = [g for g in gpus if g.hard and g.whole is None]
+    used = [g for g in gpus if g.hard and g.whole is None and not g.frozen]
     if len(used) < 2:
         return moved
     index = Index(gpus)
@@ -349,6 +447,8 @@ def consolidate(work: dict[str, _Model], gpus: list[GpuWork], removed: dict[str,
             else:
                 g.soft.add(Placement(s, prof))
         g.hard = {}
+        if evacuated is not None:
+            evacuated.add(g.id)
         for h, start in plan_moves:
             moved.add((h.id, start))
         free_total -= g.product.compute_slices

@@ -24,7 +24,6 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import combinations_with_replacement
 
 from autoscaler.mig.products import Product
 from autoscaler.policy.types import ModelSpec
@@ -128,31 +127,13 @@ def cover(demand: float, options: list[ProfileOption], floor: int = 0, ceiling: 
         # The floor's extra replicas are the smallest profile (1 slice, best capacity)...
         small = min(options, key=lambda o: (o.compute, -o.cap, o.name))
         mix[small.name] = mix.get(small.name, 0) + (floor - n)
-        # ...unless exactly ``floor`` replicas of other profiles are cheaper: HA
-        # with 272 req/s on 3g=201/4g=295 is 2 x 3g (6 slices), not 4g + 3g (7).
-        if floor <= 6:
-            alt = _exactly(demand, options, floor)
-            if alt is not None and mix_slices(alt, options) < mix_slices(mix, options):
-                mix = alt
+        # ...unless another mix with at least ``floor`` replicas is cheaper: HA
+        # with 272 req/s on 3g=201/4g=295 is 2 x 3g (6 slices), not 4g + 3g (7);
+        # a floor of 2 at 124 req/s on 1g=49/3g=157 is 3 x 1g (3), not 3g + 1g (4).
+        alt = _bounded(demand, options, ceiling if ceiling is not None else floor + 7, floor)
+        if alt and mix_slices(alt, options) < mix_slices(mix, options):
+            mix = alt
     return {k: v for k, v in mix.items() if v > 0}
-
-
-def _exactly(demand: float, options: list[ProfileOption], n: int) -> dict[str, int] | None:
-    """Fewest-slices mix of exactly ``n`` replicas meeting ``demand`` (small n only)."""
-    best: tuple[int, float, tuple[str, ...]] | None = None
-    for combo in combinations_with_replacement(sorted(options, key=lambda o: o.name), n):
-        cap = sum(o.cap for o in combo)
-        if cap < demand - EPS:
-            continue
-        key = (sum(o.compute for o in combo), -cap, tuple(o.name for o in combo))
-        if best is None or key < best:
-            best = key
-    if best is None:
-        return None
-    out: dict[str, int] = {}
-    for name in best[2]:
-        out[name] = out.get(name, 0) + 1
-    return out
 
 
 def _min_slices(demand: float, options: list[ProfileOption]) -> dict[str, int]:
@@ -181,57 +162,48 @@ def _min_slices(demand: float, options: list[ProfileOption]) -> dict[str, int]:
     return mix
 
 
-def _bounded(demand: float, options: list[ProfileOption], ceiling: int) -> dict[str, int]:
+def _bounded(demand: float, options: list[ProfileOption], ceiling: int, floor: int = 0) -> dict[str, int]:
     """At most ``ceiling`` replicas: fewest slices meeting demand, else most capacity.
 
-    Only used when ``max_replicas`` binds. The frontier of (slices -> most
-    capacity) for up to ``ceiling`` replicas does not depend on the demand,
-    so it is cached per capacity table: the next tick reuses it.
+    Only used when ``max_replicas`` binds. Branch and bound over the counts
+    of each profile (biggest capacity first), pruned by "even all remaining
+    replicas on the biggest profile left cannot reach the demand" and by a
+    slices lower bound from the best remaining efficiency. Five profiles and
+    a ceiling of 16 take a few hundred steps.
     """
     if ceiling <= 0:
         return {}
-    key = tuple((o.name, o.cap, o.compute) for o in options)
-    frontier = _frontier(key, ceiling)
-    for slices, cap, counts in frontier:  # ascending slices, ascending capacity
-        if cap >= demand - EPS:
-            return {name: c for (name, _cap, _comp), c in zip(key, counts) if c}
-    _s, _cap, counts = max(frontier, key=lambda t: (t[1], -t[0]))
-    return {name: c for (name, _cap, _comp), c in zip(key, counts) if c}
+    opts = sorted(options, key=lambda o: (-o.cap, o.compute, o.name))
+    if ceiling * opts[0].cap < demand - EPS:
+        # Cannot meet it: the most capacity, on the cheapest of the biggest profiles.
+        top = min((o for o in opts if o.cap >= opts[0].cap - EPS), key=lambda o: (o.compute, o.name))
+        return {top.name: ceiling}
+    best_eff = [max(o.efficiency for o in opts[i:]) for i in range(len(opts))]
+    small = min(opts, key=lambda o: (o.compute, -o.cap, o.name))
+    best: list = [math.inf, None]
+    counts = [0] * len(opts)
 
+    def rec(i: int, left: int, need: float, slices: int) -> None:
+        if need <= EPS:
+            # Short of the floor: pad with the smallest profile.
+            pad = max(0, floor - (ceiling - left))
+            if pad <= left and slices + pad * small.compute < best[0]:
+                got = list(counts)
+                got[opts.index(small)] += pad
+                best[0], best[1] = slices + pad * small.compute, got
+            return
+        if i >= len(opts) or left <= 0 or left * opts[i].cap < need - EPS:
+            return
+        if slices + need / best_eff[i] >= best[0] - EPS:
+            return
+        o = opts[i]
+        for k in range(min(left, math.ceil((need - EPS) / o.cap)), -1, -1):
+            counts[i] = k
+            rec(i + 1, left - k, need - k * o.cap, slices + k * o.compute)
+        counts[i] = 0
 
-@lru_cache(maxsize=4096)
-def _frontier(key: tuple[tuple[str, float, int], ...], ceiling: int) -> tuple[tuple[int, float, tuple[int, ...]], ...]:
-    """Every undominated mix of <= ``ceiling`` replicas, by ascending slices.
-
-    A mix is dominated when another has no more slices, no more replicas and
-    at least the capacity; pruning those after every round keeps the DP small
-    and exact (replicas are part of the test because a mix with fewer of them
-    can still grow).
-    """
-    zero = tuple(0 for _ in key)
-    states: list[tuple[int, int, float, tuple[int, ...]]] = [(0, 0, 0.0, zero)]
-    for _ in range(ceiling):
-        cand = list(states)
-        for s, n, cap, counts in states:
-            for i, (_name, c, comp) in enumerate(key):
-                c2 = list(counts)
-                c2[i] += 1
-                cand.append((s + comp, n + 1, cap + c, tuple(c2)))
-        cand.sort(key=lambda t: (t[0], t[1], -t[2]))
-        best = [-1.0] * (ceiling + 1)  # best[k]: most capacity kept so far with <= k replicas
-        kept = []
-        for st in cand:
-            _s, n, cap, _counts = st
-            if cap > best[n] + EPS:
-                kept.append(st)
-                for k in range(n, ceiling + 1):
-                    if cap > best[k]:
-                        best[k] = cap
-        if len(kept) == len(states):
-            states = kept
-            break
-        states = kept
-    return tuple((s, cap, counts) for s, _n, cap, counts in states)
+    rec(0, ceiling, demand, 0)
+    return {o.name: c for o, c in zip(opts, best[1] or []) if c}
 
 
 def mix_capacity(mix: Mapping[str, int], options: list[ProfileOption]) -> float:

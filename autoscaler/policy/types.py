@@ -66,6 +66,10 @@ class GpuState:
     fabric: str | None = None  # RDMA fabric label; groups prefer one fabric
     emulated: bool = True
     reserved_by: str | None = None  # a multinode model holding the whole GPU
+    # Work still in flight on it (a repartition, a drain, queued actions): the
+    # planner leaves it exactly as it is this tick -- no new replica, no layout
+    # change -- and places elsewhere (the loop's per-GPU gate sets it).
+    busy: bool = False
 
 
 @dataclass(frozen=True)

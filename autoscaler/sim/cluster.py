@@ -24,7 +24,12 @@ What it models (defaults in ``SimConfig``):
   instance still draining and a CREATE on it block the actions after them
   until they can proceed (make-before-break), and ``converging()`` is True
   meanwhile. A DELETE of a draining replica does not block: the replica goes
-  when its drain ends.
+  when its drain ends. Like a Kubernetes actuator working on several
+  objects at once, each ``apply`` is split into independent chains -- actions
+  linked by a shared GPU or model -- and one chain waiting (a WAIT_READY on
+  a replica that starts after a 180 s repartition) does not hold up the
+  others. ``in_flight()`` names the GPUs and models with work still under
+  way, for the loop's per-GPU gate.
 - **Service.** Each READY replica is a fluid M/M/1 queue (``queueing.py``);
   requests queued beyond ``queue_timeout_s`` are dropped (misses).
   The router splits a model's traffic in proportion to replica service rate
@@ -52,13 +57,12 @@ from autoscaler.policy.types import (
     ActionKind,
     ClusterState,
     GpuState,
-    ModelSignals,
     ModelSpec,
     Replica,
-    ReplicaSignals,
     ReplicaState,
 )
 from autoscaler.sim import queueing as q
+from autoscaler.sim.metrics import SimMetrics
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,10 @@ class SimConfig:
     # counts as an SLO miss but does not hold the queue up forever. 30 s at
     # 300 req/s caps a replica's backlog at ~9,000 requests.
     queue_timeout_s: float = 30.0
+    # False: ``in_flight()`` answers None, as an actuator that only knows
+    # ``converging()`` would, and the loop falls back to its global gate
+    # (``benchmarks/policies.py --diagnose`` measures the difference).
+    in_flight_hook: bool = True
 
     def __post_init__(self) -> None:
         for name in ("step_s", "metrics_window_s"):
@@ -111,7 +119,7 @@ class _Repart:
     done_at: float
 
 
-class SimCluster:
+class SimCluster(SimMetrics):
     """The world the loop acts on. ``advance()`` is called every ``step_s`` by ``sim.run``."""
 
     def __init__(
@@ -134,8 +142,8 @@ class SimCluster:
         self.gpus: dict[str, GpuState] = {g.id: g for g in initial.gpus}
         self._reps: dict[str, _Rep] = {}
         self._repart: dict[str, _Repart] = {}
-        self._queue: list[Action] = []
-        self._batch_created: list[str] = []
+        self._chains: list[list[Action]] = []  # independent action chains still blocked
+        self._created: dict[int, list[str]] = {}  # chain id -> replicas it created (bare WAIT_READY)
         self._seq = 0
         self.late_errors: list[str] = []
         self.reconfigurations = 0
@@ -171,28 +179,76 @@ class SimCluster:
         now = self.clock.now()
         self._timers(now)
         self.apply_calls.append((now, tuple(actions)))
-        self._queue.extend(actions)
-        self._batch_created = []
+        for chain in self._split(actions):
+            self._chains.append(chain)
+            self._created[id(chain)] = []
         return self._process(now)
 
     def converging(self) -> bool:
         self._timers(self.clock.now())
         return bool(
-            self._queue
+            self._chains
             or self._repart
             or any(r.state in (ReplicaState.STARTING, ReplicaState.DRAINING) for r in self._reps.values())
         )
 
+    def in_flight(self) -> tuple[frozenset[str], frozenset[str]] | None:
+        """(GPUs, models) with work under way: a repartition, a drain, or actions still queued.
+
+        A replica that is merely STARTING is not listed, and nor is a queued
+        WAIT_READY on it: it is capacity on its way, which the snapshot shows
+        and the policy already counts. What the snapshot cannot show yet --
+        a queued CREATE, DRAIN, DELETE or REPARTITION -- makes its GPU and
+        model busy.
+        """
+        if not self.config.in_flight_hook:
+            return None
+        self._timers(self.clock.now())
+        gpus = set(self._repart) | {r.gpu for r in self._reps.values() if r.state == ReplicaState.DRAINING}
+        models: set[str] = set()
+        for chain in self._chains:
+            for a in chain:
+                if a.kind == ActionKind.WAIT_READY:
+                    continue
+                g, m = self._keys(a)
+                if g is not None:
+                    gpus.add(g)
+                if m is not None:
+                    models.add(m)
+        return frozenset(gpus), frozenset(models)
+
+    def _keys(self, a: Action) -> tuple[str | None, str | None]:
+        r = self._reps.get(a.replica) if a.replica is not None else None
+        return (a.gpu if a.gpu is not None else (r.gpu if r else None),
+                a.model if a.model is not None else (r.model if r else None))
+
+    def _split(self, actions: Sequence[Action]) -> list[list[Action]]:
+        """Independent chains: actions linked by a shared GPU or model, each in its original order."""
+        from autoscaler.loop import action_groups  # the loop's gate links actions the same way
+
+        def owner(rid: str) -> tuple[str, str] | None:
+            r = self._reps.get(rid)
+            return (r.gpu, r.model) if r is not None else None
+
+        chains: dict[int, list[Action]] = {}
+        for a, g in zip(actions, action_groups(actions, owner)):
+            chains.setdefault(g, []).append(a)
+        return list(chains.values())
+
     def _process(self, now: float) -> list[str]:
         errors: list[str] = []
-        while self._queue:
-            a = self._queue[0]
-            res = self._try(a, now)
-            if res == "wait":
-                break
-            self._queue.pop(0)
-            if res != "done":
-                errors.append(res)
+        for chain in list(self._chains):
+            while chain:
+                a = chain[0]
+                res = self._try(a, now, chain)
+                if res == "wait":
+                    break
+                chain.pop(0)
+                if res != "done":
+                    errors.append(res)
+            if not chain:
+                self._chains.remove(chain)
+                self._created.pop(id(chain), None)
         return errors
 
     def _find(self, a: Action) -> _Rep | None:
@@ -218,7 +274,7 @@ class SimCluster:
                 return r
         return None
 
-    def _try(self, a: Action, now: float) -> str:
+    def _try(self, a: Action, now: float, chain: list[Action]) -> str:
         k = a.kind
         if k == ActionKind.CREATE:
             if a.gpu not in self.gpus:
@@ -238,12 +294,13 @@ class SimCluster:
                 return f"create {a.model}: instance {pl} on {a.gpu} is taken by {occ.id}"
             ready_at = None if a.gpu in self._repart else now + self.config.start_delay_s
             rid = self._add(a.model or "", pl.profile, a.gpu, pl.start, ready_at=ready_at, rid=a.replica)
-            self._batch_created.append(rid)
+            self._created.setdefault(id(chain), []).append(rid)
             self.creates += 1
             return "done"
         if k == ActionKind.WAIT_READY:
             r = self._find(a)
-            waiting = [r] if r is not None else [self._reps[i] for i in self._batch_created if i in self._reps]
+            made = self._created.get(id(chain), [])
+            waiting = [r] if r is not None else [self._reps[i] for i in made if i in self._reps]
             if any(w.state == ReplicaState.STARTING for w in waiting):
                 return "wait"
             return "done"
@@ -282,7 +339,7 @@ class SimCluster:
                 occ = self._occupant(a.gpu, pl.start, pl.profile)
                 if occ is None:
                     continue
-                if occ.state == ReplicaState.DRAINING or self._queued_removal(occ):
+                if occ.state == ReplicaState.DRAINING or self._queued_removal(occ, chain):
                     return "wait"  # make-before-break: the drain finishes first
                 return f"repartition {a.gpu}: instance {pl} still serves {occ.id}"
             # replicas on instances the new layout keeps must not overlap a new instance
@@ -292,9 +349,10 @@ class SimCluster:
             return "done"
         return f"{k}: not supported by the simulator"
 
-    def _queued_removal(self, r: _Rep) -> bool:
+    def _queued_removal(self, r: _Rep, chain: list[Action]) -> bool:
         return any(
-            x.kind in (ActionKind.DRAIN, ActionKind.DELETE) and self._find(x) is r for x in self._queue[1:]
+            x.kind in (ActionKind.DRAIN, ActionKind.DELETE) and self._find(x) is r
+            for c in self._chains for x in (c[1:] if c is chain else c)
         )
 
     def _add(
@@ -340,7 +398,7 @@ class SimCluster:
                 continue
             if r.state == ReplicaState.STARTING and r.ready_at is not None and r.ready_at <= now:
                 r.state, r.since_s = ReplicaState.READY, r.ready_at
-        if self._queue:
+        if self._chains:
             self.late_errors.extend(self._process(now))
 
     def _integrate(self, lam_m: np.ndarray, dt: float, now: float) -> None:
@@ -412,73 +470,3 @@ class SimCluster:
         """Per-step totals of a history counter as (steps, models): "arr" arrivals, "ok" within SLO,
         "done" completed, "fail" failed or dropped."""
         return np.diff(np.array(self._cum[key]), axis=0)
-
-    # ------------------------------------------------------------ MetricsSource
-
-    def _window(self, now_s: float) -> tuple[int, int, float] | None:
-        """History steps [k0, k1) inside the scrape window ending ``scrape_delay_s`` ago."""
-        if not self.t:
-            return None
-        t0, step = self.t[0], self.config.step_s
-        end = now_s - self.config.scrape_delay_s
-        k1 = min(math.floor((end - t0) / step + 1e-9), len(self.t))
-        k0 = max(math.ceil((end - self.config.metrics_window_s - t0) / step - 1e-9), 0)
-        if k1 <= k0:
-            return None
-        return k0, k1, t0 + k1 * step
-
-    def read(
-        self, models: Sequence[str], replicas: Sequence[str], now_s: float
-    ) -> tuple[Mapping[str, ModelSignals | None], Mapping[str, ReplicaSignals]]:
-        w = self._window(now_s)
-        out_m: dict[str, ModelSignals | None] = {}
-        out_r: dict[str, ReplicaSignals] = {}
-        if w is None:
-            return {m: None for m in models}, out_r
-        k0, k1, t_end = w
-        span = (k1 - k0) * self.config.step_s
-        c = self._cum
-        d = {key: c[key][k1] - c[key][k0] for key in c}
-        for m in models:
-            i = self.midx.get(m)
-            if i is None:
-                out_m[m] = None
-                continue
-            served = d["arr"][i] - d["fail"][i]
-            avg_q = avg_c = ratio = p99 = p50 = p95 = None
-            if served > 0:
-                avg_q = d["wait"][i] / served * 1000.0
-                avg_c = d["comp"][i] / served * 1000.0
-                ratio = avg_q / avg_c if avg_c > 0 else None
-                p99 = d["p99w"][i] / served * 1000.0
-                # exponential sojourn: quantiles scale with -ln(1-q)
-                p50 = p99 * math.log(2) / q.LN100
-                p95 = p99 * math.log(20) / q.LN100
-            out_m[m] = ModelSignals(
-                model=m,
-                t_s=t_end,
-                request_rate=float(d["done"][i] / span),
-                success_rate=float(d["done"][i] / span),
-                failure_rate=float(d["fail"][i] / span),
-                avg_queue_ms=avg_q,
-                avg_compute_ms=avg_c,
-                queue_compute_ratio=ratio,
-                p50_ms=p50,
-                p95_ms=p95,
-                p99_ms=p99,
-                pending=float(self.pending[k1 - 1][i]),
-                ready_replicas=int(self.ready_count[k1 - 1][i]),
-            )
-        for rid in replicas:
-            r = self._reps.get(rid)
-            if r is None:
-                continue
-            lo, hi = k0 - r.first_step, k1 - r.first_step
-            if hi <= 0 or lo >= len(r.cum_busy) or hi > len(r.cum_busy):
-                continue  # no samples for this replica in the window yet
-            lo = max(lo, 0)
-            start_v = r.cum_busy[lo - 1] if lo > 0 else 0.0
-            secs = (hi - lo) * self.config.step_s
-            b = (r.cum_busy[hi - 1] - start_v) / secs
-            out_r[rid] = ReplicaSignals(rid, r.model, t_end, busy_fraction=b, gr_engine_active=b)
-        return out_m, out_r

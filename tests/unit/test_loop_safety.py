@@ -212,3 +212,114 @@ def test_decision_log_rotates_one_generation(tmp_path):
     assert len(log.read_text().splitlines()) == 1
     assert json.loads(log.read_text())["t_s"] == 10
     assert json.loads((tmp_path / "decisions.jsonl.1").read_text())["t_s"] == 5
+
+
+# ---------------------------------------------------------------- per-GPU / per-model gate
+#
+# An actuator that can say what is in flight (``in_flight() -> (gpus, models)``)
+# gets the narrower gate: the loop decides every tick, the planner sees busy
+# GPUs flagged (``GpuState.busy``), and only the actions linked to a busy GPU
+# or model are held back -- a 180 s repartition of one GPU no longer freezes
+# every model. Actuators without the hook keep the global gate tested above.
+
+
+class InFlightActuator(RecordingActuator):
+    def __init__(self, inventory):
+        super().__init__(inventory)
+        self.busy_gpus: set[str] = set()
+        self.busy_models: set[str] = set()
+
+    def converging(self) -> bool:  # the global answer must not matter any more
+        return bool(self.busy_gpus or self.busy_models)
+
+    def in_flight(self):
+        return frozenset(self.busy_gpus), frozenset(self.busy_models)
+
+
+def two_gpu_loop():
+    from autoscaler.policy.types import ClusterState, GpuState
+
+    gpus = (GpuState("g0", "n", "A100-SXM4-80GB"), GpuState("g1", "n", "A100-SXM4-80GB"))
+    reps = (Replica("a-0", "a", PROFILE, "g0", 0, ReplicaState.READY),
+            Replica("b-0", "b", PROFILE, "g1", 0, ReplicaState.READY))
+    inv = FakeInventory(ClusterState(gpus, reps))
+    act = InFlightActuator(inv)
+    seen = []
+
+    def planner(models, demand, cluster, *, churn_budget=None, now_s=0.0):
+        seen.append(cluster)
+        plan = stub_planner(models, demand, cluster, churn_budget=churn_budget, now_s=now_s)
+        home = {"a": "g0", "b": "g1"}  # each model grows on its own GPU
+        from dataclasses import replace as _r
+
+        return _r(plan, actions=tuple(_r(x, gpu=home[x.model]) if x.gpu is not None and x.model else x
+                                      for x in plan.actions))
+
+    src = FakeMetricsSource()
+    clock = VirtualClock(0.0)
+    config = PolicyConfig(models=(spec("a"), spec("b")), churn_budget=None)
+    loop = ControlLoop(src, inv, act, config, clock, planner=planner)
+    return loop, src, inv, act, clock, seen
+
+
+def test_busy_gpu_holds_only_the_models_on_it():
+    loop, src, inv, act, clock, seen = two_gpu_loop()
+    src.set_rate("a", 200), src.set_rate("b", 200)  # both want 5 replicas (200 * 1.2 / 50)
+    act.busy_gpus = {"g0"}  # g0 is being repartitioned
+    r = loop.tick()
+    assert not r.gated and r.ok
+    assert r.held == ("a",)
+    assert r.reasons["a"][0] is Reason.HOLD_CONVERGING
+    touched = {x.gpu for call in act.apply_calls for x in call}
+    assert touched == {"g1"}  # b scaled on its own GPU; nothing went to the busy one
+    assert count(inv, "b") > 1 and count(inv, "a") == 1
+    # the planner was told which GPU is busy
+    assert {g.id: g.busy for g in seen[-1].gpus} == {"g0": True, "g1": False}
+    # a's scale-up did not happen, so it must not use up a's behavior budget
+    assert not any(e.change for e in loop.state.scale_events.get("a", ()))
+    assert any(e.change > 0 for e in loop.state.scale_events["b"])
+    clock.advance(r.next_delay_s)
+    act.busy_gpus = set()  # the repartition finished: a scales at the next tick
+    r2 = loop.tick()
+    assert r2.held == () and count(inv, "a") > 1
+
+
+def test_busy_model_is_held_even_on_a_free_gpu():
+    loop, src, inv, act, _clock, _ = two_gpu_loop()
+    src.set_rate("a", 200), src.set_rate("b", 200)
+    act.busy_models = {"b"}  # b still has queued actions the snapshot cannot show
+    r = loop.tick()
+    assert r.held == ("b",)
+    assert count(inv, "b") == 1 and count(inv, "a") > 1
+
+
+def test_hold_in_flight_drops_whole_linked_groups_and_keeps_order():
+    from autoscaler.loop import hold_in_flight
+    from autoscaler.policy.types import Action, ClusterState
+
+    reps = (Replica("a-old", "a", PROFILE, "g2", 0, ReplicaState.READY),)
+    cluster = ClusterState((), reps)
+    acts = (
+        Action(ActionKind.CREATE, Reason.PROFILE_EFFICIENCY, gpu="g1", model="a", profile=PROFILE, start=0),
+        Action(ActionKind.CREATE, Reason.SCALE_UP_DEMAND, gpu="g3", model="c", profile=PROFILE, start=0),
+        Action(ActionKind.WAIT_READY, Reason.PROFILE_EFFICIENCY, gpu="g1", model="a", start=0),
+        Action(ActionKind.DRAIN, Reason.PROFILE_EFFICIENCY, replica="a-old"),  # linked to a through the replica
+    )
+    # g2 (where a's old replica drains) is busy: a's whole replacement waits,
+    # so the new replica on g1 is not created without the drain it belongs to
+    kept, held = hold_in_flight(acts, cluster, {"g2"}, set())
+    assert kept == (acts[1],) and held == {"a"}
+    kept, held = hold_in_flight(acts, cluster, set(), set())
+    assert kept == acts and held == frozenset()
+    kept, held = hold_in_flight(acts, cluster, set(), {"c"})
+    assert kept == (acts[0], acts[2], acts[3]) and held == {"c"}
+
+
+def test_in_flight_answering_none_falls_back_to_the_global_gate():
+    loop, src, _inv, act, _clock, _ = two_gpu_loop()
+    act.in_flight = lambda: None  # cannot tell what converges: hold everything while anything does
+    act.busy_gpus = {"g0"}
+    src.set_rate("a", 200), src.set_rate("b", 200)
+    r = loop.tick()
+    assert r.gated and act.apply_calls == []
+    assert r.reasons["b"] == (Reason.HOLD_CONVERGING,)

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_planner import assert_actions_are_safe, check_valid
 
-from autoscaler.mig import get_product
+from autoscaler.mig import Placement, get_product
 from autoscaler.policy.milp import solve
-from autoscaler.policy.planner import apply_plan_to_cluster, plan
+from autoscaler.policy.planner import apply_plan_to_cluster, group_of, plan
 from autoscaler.policy.types import (
     ActionKind,
     ClusterState,
@@ -63,13 +63,23 @@ def model_specs(draw, product: str, i: int) -> ModelSpec:
 
 
 @st.composite
-def instances(draw, max_gpus: int = 6, max_models: int = 4):
+def instances(draw, max_gpus: int = 6, max_models: int = 4, multinode: bool = True):
     product = draw(st.sampled_from(PRODUCTS))
     n = draw(st.integers(1, max_gpus))
     models = [draw(model_specs(product, i)) for i in range(draw(st.integers(1, max_models)))]
     demand = {m.name: draw(st.floats(0, 200 * n)) for m in models}
-    cluster = ClusterState(gpus=tuple(GpuState(f"node/{i}", "node", product) for i in range(n)))
-    return models, demand, cluster
+    gpus = [GpuState(f"node/{i}", "node", product) for i in range(n)]
+    if multinode and draw(st.booleans()):
+        # An RDMA pool of whole GPUs (some still MIG-cut) and a model served by groups of 2.
+        for i in range(draw(st.integers(1, 4))):
+            cut = draw(st.booleans())
+            gpus.append(GpuState(f"rdma-{i}/0", f"rdma-{i}", "H100-SXM5-80GB", mig_enabled=cut,
+                                 layout=(Placement(0, "7g.80gb"),) if cut else (), rdma=True,
+                                 fabric=draw(st.sampled_from(("ib-a", "ib-b")))))
+        models.append(ModelSpec("llm", {}, (), min_replicas=draw(st.integers(0, 1)), max_replicas=3,
+                                backend="multinode", nodes_per_group=2, gpus_per_node=1, group_capacity_rps=10.0))
+        demand["llm"] = draw(st.floats(0, 40))
+    return models, demand, ClusterState(gpus=tuple(gpus))
 
 
 @st.composite
@@ -101,17 +111,29 @@ def test_layouts_valid_and_profiles_usable(inst):
     check_valid(cluster, p)
     specs = {m.name: m for m in models}
     for a in p.assignments:
+        if specs[a.model].backend == "multinode":
+            assert a.profile == "whole" and cluster.gpu(a.gpu).rdma
+            continue
         assert usable(specs[a.model], cluster.gpu(a.gpu).product, a.profile), a
+    # a whole GPU held by a group hosts nothing else
+    whole = {a.gpu for a in p.assignments if a.profile == "whole"}
+    assert not any(a.gpu in whole for a in p.assignments if a.profile != "whole")
+    # groups are all or nothing: every group has both members
+    groups: dict[str, int] = {}
+    for a in p.actions:
+        if a.kind is ActionKind.CREATE and a.profile == "whole":
+            groups[group_of(a.replica)] = groups.get(group_of(a.replica), 0) + 1
+    assert all(n == 2 for n in groups.values())
     for m in models:
         mine = [a for a in p.assignments if a.model == m.name]
-        assert len(mine) <= m.max_replicas
+        assert len(mine) <= m.max_replicas * (2 if m.backend == "multinode" else 1)
         if m.high_availability and len(mine) >= 2:
             # distinct GPUs, or the plan says it could not (e.g. a one-GPU cluster)
             assert len({a.gpu for a in mine}) >= 2 or Reason.SHORTFALL in p.reasons[m.name]
 
 
 @settings(max_examples=max(10, EXAMPLES * 3 // 4), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(instances(max_gpus=4, max_models=3))
+@given(instances(max_gpus=4, max_models=3, multinode=False))
 def test_capacity_met_whenever_the_milp_is_feasible(inst):
     models, demand, cluster = inst
     ref = solve(models, demand, [g.product for g in cluster.gpus], time_limit_s=20)
@@ -120,7 +142,8 @@ def test_capacity_met_whenever_the_milp_is_feasible(inst):
         assert not p.shortfall, (p.shortfall, ref.counts)
         for m in models:
             assert p.capacity_rps[m.name] >= demand[m.name] - 1e-6
-            assert sum(1 for a in p.assignments if a.model == m.name) >= min(m.max_replicas, m.min_replicas)
+            assert sum(1 for a in p.assignments if a.model == m.name) >= min(m.max_replicas, m.min_replicas), \
+                (models, demand, [g.product for g in cluster.gpus], p.assignments, ref.counts)
         assert p.cost.gpus_used <= ref.gpus_used + 1  # near-optimal; the benchmark measures the gap
     else:
         # The heuristic cannot beat the exact solver: it must report a shortfall or break a bound.
@@ -152,6 +175,12 @@ def test_churn_budget_and_safe_actions_on_a_running_cluster(inst, budget):
         assert sum(1 for a in p.actions if a.kind in (ActionKind.CREATE, ActionKind.DELETE)) <= budget
     assert_actions_are_safe(cluster, p, models)
     after = apply_plan_to_cluster(cluster, p)
+    # The plan's assignments and layouts are exactly what its actions leave behind.
+    live = sorted((r.model, r.profile, r.gpu, r.start) for r in after.replicas
+                  if r.state in (ReplicaState.READY, ReplicaState.STARTING))
+    assert live == sorted((a.model, a.profile, a.gpu, a.start) for a in p.assignments)
+    for g in after.gpus:
+        assert tuple(sorted(g.layout)) == tuple(sorted(p.layouts[g.id]))
     p2 = plan(models, demand, after, churn_budget=budget)
     check_valid(after, p2)
     assert_actions_are_safe(after, p2, models)

@@ -279,3 +279,49 @@ def test_cli_simulate_bad_input_exits_2(tmp_path):
     assert res.exit_code == 2 and "--policy: must be one of" in res.output
     res = CliRunner().invoke(app, ["simulate", *args])
     assert res.exit_code == 2 and "not in the models config" in res.output and "Traceback" not in res.output
+
+
+def _two_gpu_cluster(**cfg) -> tuple[SimCluster, VirtualClock]:
+    clock = VirtualClock(0.0)
+    gpus = (GpuState("n/0", "n", "A100-SXM4-80GB", TWO_3G), GpuState("n/1", "n", "A100-SXM4-80GB", TWO_3G))
+    c = SimCluster([SPEC, ModelSpec("k", dict(SPEC.capacity), SPEC.allowed_profiles)], {"m": 50.0, "k": 50.0},
+                   ClusterState(gpus, ()), clock, SimConfig(**cfg))
+    return c, clock
+
+
+def test_independent_chains_do_not_wait_for_each_other_and_in_flight_names_them():
+    c, _ = _two_gpu_cluster(start_delay_s=0, repartition_delay_s=180)
+    seven = (Placement(0, "7g.80gb"),)
+    # one plan: model m repartitions n/0 and waits for its replica there (180 s);
+    # model k's scale-up on n/1 has nothing to do with it
+    errs = c.apply([
+        Action(ActionKind.REPARTITION, Reason.REPARTITION, gpu="n/0", layout=seven),
+        Action(ActionKind.CREATE, Reason.SCALE_UP_DEMAND, gpu="n/0", model="m", profile="7g.80gb", start=0,
+               replica="big"),
+        Action(ActionKind.WAIT_READY, Reason.SCALE_UP_DEMAND, gpu="n/0", model="m", start=0, replica="big"),
+        Action(ActionKind.CREATE, Reason.SCALE_UP_DEMAND, gpu="n/0", model="m", profile="7g.80gb", start=0,
+               replica="dup"),  # queued behind the barrier: the snapshot cannot show it yet
+        Action(ActionKind.CREATE, Reason.SCALE_UP_DEMAND, gpu="n/1", model="k", profile="3g.40gb", start=0,
+               replica="k1"),
+    ])
+    assert errs == []
+    c.advance(np.array([0.0, 0.0]))
+    states = {r.id: r.state for r in c.snapshot().replicas}
+    assert states["k1"] == ReplicaState.READY  # not held up by m's 180 s repartition
+    assert states["big"] == ReplicaState.STARTING
+    gpus, models = c.in_flight()
+    assert gpus == {"n/0"} and models == {"m"}  # k's chain is done; n/1 is free to plan on
+    for _ in range(40):
+        c.advance(np.array([0.0, 0.0]))
+    # the barrier released the queued create, which then found its instance taken
+    assert any("taken by big" in e for e in c.late_errors)
+    assert c.in_flight() == (frozenset(), frozenset())
+
+
+def test_a_replica_only_starting_is_not_in_flight():
+    c, _ = _cluster(start_delay_s=30)
+    c.apply([_create(rid="a"),
+             Action(ActionKind.WAIT_READY, Reason.SCALE_UP_DEMAND, gpu="n/0", model="m", start=0, replica="a")])
+    # capacity on its way, shown in the snapshot and counted by the policy: not a reason to hold
+    assert c.converging()
+    assert c.in_flight() == (frozenset(), frozenset())

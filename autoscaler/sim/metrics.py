@@ -1,0 +1,90 @@
+"""``SimMetrics``: the MetricsSource side of ``SimCluster`` (what the loop reads).
+
+Place in the loop: the simulator's Prometheus. ``read(now)`` reports window
+averages over ``[now - scrape_delay_s - metrics_window_s, now - scrape_delay_s]``
+from the per-step history ``SimCluster.advance`` records: what a Prometheus
+``rate(...[30s])`` evaluated on 15 s-old samples would say.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from autoscaler.policy.types import ModelSignals, ReplicaSignals
+from autoscaler.sim import queueing as q
+
+
+class SimMetrics:
+    """Mixed into ``SimCluster``; uses its ``t``, ``config``, ``_cum``, ``midx``,
+    ``pending``, ``ready_count`` and ``_reps``."""
+
+    # ------------------------------------------------------------ MetricsSource
+
+    def _window(self, now_s: float) -> tuple[int, int, float] | None:
+        """History steps [k0, k1) inside the scrape window ending ``scrape_delay_s`` ago."""
+        if not self.t:
+            return None
+        t0, step = self.t[0], self.config.step_s
+        end = now_s - self.config.scrape_delay_s
+        k1 = min(math.floor((end - t0) / step + 1e-9), len(self.t))
+        k0 = max(math.ceil((end - self.config.metrics_window_s - t0) / step - 1e-9), 0)
+        if k1 <= k0:
+            return None
+        return k0, k1, t0 + k1 * step
+
+    def read(
+        self, models: Sequence[str], replicas: Sequence[str], now_s: float
+    ) -> tuple[Mapping[str, ModelSignals | None], Mapping[str, ReplicaSignals]]:
+        w = self._window(now_s)
+        out_m: dict[str, ModelSignals | None] = {}
+        out_r: dict[str, ReplicaSignals] = {}
+        if w is None:
+            return {m: None for m in models}, out_r
+        k0, k1, t_end = w
+        span = (k1 - k0) * self.config.step_s
+        c = self._cum
+        d = {key: c[key][k1] - c[key][k0] for key in c}
+        for m in models:
+            i = self.midx.get(m)
+            if i is None:
+                out_m[m] = None
+                continue
+            served = d["arr"][i] - d["fail"][i]
+            avg_q = avg_c = ratio = p99 = p50 = p95 = None
+            if served > 0:
+                avg_q = d["wait"][i] / served * 1000.0
+                avg_c = d["comp"][i] / served * 1000.0
+                ratio = avg_q / avg_c if avg_c > 0 else None
+                p99 = d["p99w"][i] / served * 1000.0
+                # exponential sojourn: quantiles scale with -ln(1-q)
+                p50 = p99 * math.log(2) / q.LN100
+                p95 = p99 * math.log(20) / q.LN100
+            out_m[m] = ModelSignals(
+                model=m,
+                t_s=t_end,
+                request_rate=float(d["done"][i] / span),
+                success_rate=float(d["done"][i] / span),
+                failure_rate=float(d["fail"][i] / span),
+                avg_queue_ms=avg_q,
+                avg_compute_ms=avg_c,
+                queue_compute_ratio=ratio,
+                p50_ms=p50,
+                p95_ms=p95,
+                p99_ms=p99,
+                pending=float(self.pending[k1 - 1][i]),
+                ready_replicas=int(self.ready_count[k1 - 1][i]),
+            )
+        for rid in replicas:
+            r = self._reps.get(rid)
+            if r is None:
+                continue
+            lo, hi = k0 - r.first_step, k1 - r.first_step
+            if hi <= 0 or lo >= len(r.cum_busy) or hi > len(r.cum_busy):
+                continue  # no samples for this replica in the window yet
+            lo = max(lo, 0)
+            start_v = r.cum_busy[lo - 1] if lo > 0 else 0.0
+            secs = (hi - lo) * self.config.step_s
+            b = (r.cum_busy[hi - 1] - start_v) / secs
+            out_r[rid] = ReplicaSignals(rid, r.model, t_end, busy_fraction=b, gr_engine_active=b)
+        return out_m, out_r
