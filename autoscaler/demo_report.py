@@ -36,12 +36,16 @@ def slices_in_use(status: Mapping) -> tuple[int, int]:
     for r in status.get("replicas", []):
         if r.get("state") not in ("ready", "starting", "draining"):
             continue
+        if r.get("gpus"):  # a multinode group, listed once: every member holds a whole GPU
+            gpus.update(r["gpus"])
+            slices += sum(get_product(products[g]).compute_slices if g in products else 7 for g in r["gpus"])
+            continue
         gpus.add(r["gpu"])
         prod = products.get(r["gpu"])
         try:
             slices += get_product(prod).profile(r["profile"]).compute if prod else 0
         except KeyError:
-            slices += 7  # a whole GPU (multinode member) counts as all its slices
+            slices += 7  # a whole GPU not listed as a group counts as all its slices
     return len(gpus), slices
 
 

@@ -43,10 +43,11 @@ def test_slices_in_use_counts_replica_profiles_and_whole_gpus():
             {"gpu": "g0", "profile": "3g.40gb", "state": "ready"},
             {"gpu": "g0", "profile": "1g.10gb", "state": "starting"},
             {"gpu": "g0", "profile": "2g.20gb", "state": "failed"},  # not holding capacity
-            {"gpu": "r0", "profile": "whole", "state": "ready"},
+            {"gpu": "r0", "profile": "whole", "state": "ready", "gpus": ["r0", "r1"]},  # a group of 2
         ],
     }
-    assert slices_in_use(status) == (2, 3 + 1 + 7)
+    status["gpus"].append({"id": "r1", "product": "H100-SXM5-80GB"})
+    assert slices_in_use(status) == (3, 3 + 1 + 7 + 7)
 
 
 def test_locust_history_is_per_model_and_relative(tmp_path):
