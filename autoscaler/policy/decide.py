@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from autoscaler.policy import demand as dm
 from autoscaler.policy import hpa
+from autoscaler.policy.planner_multinode import group_of
 from autoscaler.policy.types import ClusterState, ModelSpec, Observation, Plan, Reason, ReplicaState
 
 PlannerFn = Callable[..., Plan]
@@ -133,10 +134,22 @@ def best_replica_capacity(spec: ModelSpec) -> float | None:
 
 
 def current_capacity(spec: ModelSpec, cluster: ClusterState) -> tuple[int, float, bool]:
-    """(live replicas, their req/s, every replica's capacity known?)."""
+    """(live replicas, their req/s, every replica's capacity known?).
+
+    A multinode model counts groups, not members: the snapshot lists one
+    replica per member GPU (``llm-g0-0``, ``llm-g0-1``), but the group of two
+    is one replica of ``group_capacity_rps`` -- counting members would read
+    2 replicas against max_replicas 1 and ask to scale down every tick.
+    """
     n, cap, known = 0, 0.0, True
+    seen_groups: set[str] = set()
     for r in cluster.replicas:
         if r.model == spec.name and r.state in _LIVE:
+            if spec.backend == "multinode":
+                group = group_of(r.id)
+                if group in seen_groups:
+                    continue
+                seen_groups.add(group)
             n += 1
             c = replica_capacity(spec, r.profile)
             if c is None:

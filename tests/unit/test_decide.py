@@ -324,3 +324,19 @@ def test_with_the_real_planner_on_an_a100():
     plan = tick(10, 200, None)
     assert Reason.HOLD_MISSING_METRICS in plan.reasons["b"]
     assert sorted(r.id for r in cl.replicas if r.model == "b") == before_b
+
+
+def test_a_multinode_group_counts_as_one_replica():
+    """Members are listed per GPU; the policy sees groups (else 2 members > max_replicas 1 every tick)."""
+    from autoscaler.policy.decide import current_capacity
+    from autoscaler.policy.types import ClusterState, GpuState, ModelSpec, Replica
+
+    spec = ModelSpec("llm", {}, (), min_replicas=1, max_replicas=1, backend="multinode", nodes_per_group=2,
+                     group_capacity_rps=4.0)
+    gpus = tuple(GpuState(f"r{i}/0", f"r{i}", "H100-SXM5-80GB", mig_enabled=False, rdma=True) for i in range(4))
+    members = [Replica("llm-g0-0", "llm", "whole", "r0/0", 0, ReplicaState.READY),
+               Replica("llm-g0-1", "llm", "whole", "r1/0", 0, ReplicaState.READY)]
+    assert current_capacity(spec, ClusterState(gpus, tuple(members))) == (1, 4.0, True)
+    second = [Replica("llm-g1-0", "llm", "whole", "r2/0", 0, ReplicaState.STARTING),
+              Replica("llm-g1-1", "llm", "whole", "r3/0", 0, ReplicaState.STARTING)]
+    assert current_capacity(spec, ClusterState(gpus, tuple(members + second))) == (2, 8.0, True)
