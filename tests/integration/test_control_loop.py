@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import tritonclient.http as th
 import yaml
+from _support import wait_until
 
 from autoscaler.act.local import LocalCluster
 from autoscaler.act.local_replicas import ModelRuntime
@@ -44,14 +45,7 @@ CAPACITY_RPS = 5.0
 
 
 def _wait(pred, timeout_s: float, what: str, interval_s: float = 0.5):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+    return wait_until(pred, timeout_s, what, interval_s)
 
 
 class Load:

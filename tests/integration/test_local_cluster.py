@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as th
+from _support import wait_until
 
 from autoscaler.act.local import LocalCluster
 from autoscaler.act.local_replicas import ModelRuntime
@@ -131,15 +132,6 @@ class Load:
             t.join(60)
 
 
-def _wait(pred, timeout_s: float, what: str, interval_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 def _success_count(replica) -> float:
@@ -197,7 +189,7 @@ def test_front_door_routes_health_metadata_and_both_models(cluster):
 def test_scale_1_3_1_under_load_loses_no_request(cluster):
     assert len(_by_model(cluster, "resnet")) == 1
     with Load(cluster.frontdoor_url, "resnet") as load:
-        _wait(lambda: load.ok > 20, 30, "load to start")
+        wait_until(lambda: load.ok > 20, 30, "load to start")
         errs = cluster.apply(
             [
                 Action(ActionKind.CREATE, R, gpu=GPU, model="resnet", profile="2g.20gb", start=0),
@@ -210,7 +202,7 @@ def test_scale_1_3_1_under_load_loses_no_request(cluster):
         assert len(new) == 3 - 1 and all(r.state is ReplicaState.READY for r in new)
         # least_conn spreads the load: every new replica answers requests
         for r in new:
-            _wait(lambda r=r: _success_count(r) > 0, 30, f"traffic on {r.id}")
+            wait_until(lambda r=r: _success_count(r) > 0, 30, f"traffic on {r.id}")
         new_pids = [r.process.pid for r in new]
         errs = cluster.apply(
             [Action(ActionKind.DRAIN, R, replica=r.id) for r in new]
@@ -218,7 +210,7 @@ def test_scale_1_3_1_under_load_loses_no_request(cluster):
         )
         assert errs == []
         ok_after_drain = load.ok
-        _wait(lambda: load.ok > ok_after_drain + 20, 30, "load to continue on the remaining replica")
+        wait_until(lambda: load.ok > ok_after_drain + 20, 30, "load to continue on the remaining replica")
     remaining = _by_model(cluster, "resnet")
     assert [(r.profile, r.start, r.state) for r in remaining] == [("1g.10gb", 6, ReplicaState.READY)]
     assert not any(_alive(p) for p in new_pids)
@@ -244,7 +236,7 @@ def test_killed_replica_is_replaced_and_serves_within_10s(cluster):
         except Exception:
             return False
 
-    _wait(serving_again, 10.0, "replacement of the killed replica")
+    wait_until(serving_again, 10.0, "replacement of the killed replica")
     r = cluster.replica(victim.id)
     assert (r.gpu, r.start, r.profile) == (victim.gpu, victim.start, victim.profile)  # same instance
     assert r.restarts == 1
@@ -261,7 +253,7 @@ def test_prometheus_scrapes_every_replica(cluster):
         got = {(t["labels"].get("replica"), t["labels"]["instance"]) for t in active if t["health"] == "up"}
         return want if want and got == want else None
 
-    got = _wait(all_up, 30, "every replica to be an up target", interval_s=0.5)
+    got = wait_until(all_up, 30, "every replica to be an up target", interval_s=0.5)
     assert len(got) == len(cluster.replicas())
     # the target labels reach the series, and Triton's own model label survives
     q = urllib.parse.quote('nv_inference_request_success{model="resnet"}')
@@ -270,7 +262,7 @@ def test_prometheus_scrapes_every_replica(cluster):
         with urllib.request.urlopen(f"{cluster.prometheus_url}/api/v1/query?query={q}", timeout=5) as r:
             return json.load(r)["data"]["result"]
 
-    res = _wait(series, 30, "resnet series in Prometheus", interval_s=0.5)
+    res = wait_until(series, 30, "resnet series in Prometheus", interval_s=0.5)
     assert {s["metric"]["profile"] for s in res} >= {"1g.10gb"}
     assert all(s["metric"]["gpu"] == GPU for s in res)
 
@@ -343,7 +335,7 @@ def test_cli_up_status_down_leaves_no_orphans(tmp_path, stop_with):
     )
     pids: set[int] = set()
     try:
-        doc = _wait(lambda: _status_ready(run_dir), 90, "both replicas ready", interval_s=0.5)
+        doc = wait_until(lambda: _status_ready(run_dir), 90, "both replicas ready", interval_s=0.5)
         assert set(doc) >= {"frontdoor", "metrics_api", "prometheus", "replicas"}
         assert doc["controller_pid"] == up.pid
         assert {r["model"] for r in doc["replicas"]} == {"resnet", "rnn"}
@@ -388,7 +380,7 @@ def test_cli_up_after_a_crashed_controller_cleans_its_orphans(tmp_path):
     )
     up2 = None
     try:
-        _wait(lambda: _status_ready(run_dir), 90, "both replicas ready", interval_s=0.5)
+        wait_until(lambda: _status_ready(run_dir), 90, "both replicas ready", interval_s=0.5)
         orphans = _recorded(run_dir)
         os.kill(up.pid, signal.SIGKILL)  # the controller dies without cleaning up
         up.wait(10)
@@ -400,7 +392,7 @@ def test_cli_up_after_a_crashed_controller_cleans_its_orphans(tmp_path):
             text=True,
             start_new_session=True,
         )
-        _wait(lambda: _status_ready(run_dir), 90, "the new controller's replicas ready", interval_s=0.5)
+        wait_until(lambda: _status_ready(run_dir), 90, "the new controller's replicas ready", interval_s=0.5)
         left = [p for p in orphans if _alive(p)]
         os.kill(up2.pid, signal.SIGTERM)
         out, _ = up2.communicate(timeout=60)

@@ -34,6 +34,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2] / "triton_models"
 sys.path.insert(0, str(REPO / "llm"))
+from _support import wait_until
 from tp_mlp import D_MODEL, reference
 
 GROUP_RPS = 10.0
@@ -137,13 +138,6 @@ def _converge(c: LocalCluster, demand: float) -> list:
     return list(p.actions)
 
 
-def _wait(pred, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def test_group_serves_reference_results_through_nginx_and_plans_idempotently(cluster):
@@ -199,7 +193,7 @@ def test_group_serves_reference_results_through_nginx_and_plans_idempotently(clu
     members_before = set(r.pids())
     signalled = stop_recorded(load_records(cluster.run_dir), term_timeout_s=10)
     assert members_before <= set(signalled)
-    _wait(lambda: not any(_alive(p) for p in members_before), 15, "members to exit")
+    wait_until(lambda: not any(_alive(p) for p in members_before), 15, "members to exit")
 
 
 def test_killed_worker_recreates_the_whole_group_and_it_serves_again(cluster):
@@ -208,7 +202,7 @@ def test_killed_worker_recreates_the_whole_group_and_it_serves_again(cluster):
     leader, worker = r.pids()
     os.kill(worker, signal.SIGKILL)
     # RecreateGroupOnPodRestart: both members replaced, READY again, serving.
-    _wait(
+    wait_until(
         lambda: r.state is ReplicaState.READY and not (set(r.pids()) & {leader, worker}),
         30,
         "the group to be recreated and ready",
@@ -261,7 +255,7 @@ def test_scaling_one_to_two_groups_and_back_under_load_loses_no_requests(cluster
     _converge(cluster, 0.0)
     [first] = cluster.replicas()
     with Load(cluster) as load:
-        _wait(lambda: load.ok >= 5, 60, "load to flow")
+        wait_until(lambda: load.ok >= 5, 60, "load to flow")
         # 1.5 groups' worth of demand: the planner adds a second whole group.
         up = _converge(cluster, 1.5 * GROUP_RPS)
         assert sum(a.kind is ActionKind.CREATE for a in up) == 2
@@ -270,7 +264,7 @@ def test_scaling_one_to_two_groups_and_back_under_load_loses_no_requests(cluster
         assert plan([SPEC], {"llm": 1.5 * GROUP_RPS}, cluster.snapshot()).actions == ()
         second = next(r for r in cluster.replicas() if r is not first)
         before = load.ok
-        _wait(lambda: load.ok >= before + 5, 60, "load after the scale-up")
+        wait_until(lambda: load.ok >= before + 5, 60, "load after the scale-up")
         # Back to one group: DRAIN/DELETE of its members stop the whole newest group.
         down = _converge(cluster, 0.5 * GROUP_RPS)
         assert {a.replica for a in down if a.kind is ActionKind.DELETE} == {
@@ -280,6 +274,6 @@ def test_scaling_one_to_two_groups_and_back_under_load_loses_no_requests(cluster
         assert cluster.replicas() == [first]
         assert not any(_alive(p) for p in second.pids())
         before = load.ok
-        _wait(lambda: load.ok >= before + 5, 60, "load after the scale-down")
+        wait_until(lambda: load.ok >= before + 5, 60, "load after the scale-down")
     assert load.failures == []
     assert load.ok > 15
