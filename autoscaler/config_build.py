@@ -55,6 +55,47 @@ def load_capacity_file(path: str | Path) -> dict[str, dict[str, float]]:
     return out
 
 
+def measured_service_rates(models: ModelsConfig) -> dict[str, dict[str, float]]:
+    """Saturation throughput per model and profile from the ``measured`` sweeps of capacity files.
+
+    ``migscale profile`` keeps every sweep point; the highest error-free
+    throughput is what one replica serves flat out -- the service rate the
+    simulator's world uses instead of deriving one from the capacity table
+    (the table is the policy's belief, the sweep is what the replica did).
+    A file without sweeps (hand-written) gives nothing: the table is used.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for m in models.models:
+        if not m.capacity_file:
+            continue
+        path = models.resolve(m.capacity_file)
+        if not path.exists():
+            continue
+        data = load_yaml(path)
+        measured = data.get("measured") if isinstance(data, dict) else None
+        per_profile = measured.get(m.name) if isinstance(measured, dict) else None
+        if not isinstance(per_profile, dict):
+            continue
+        problems: list[str] = []
+        for prof, result in per_profile.items():
+            points = result.get("points") if isinstance(result, dict) else None
+            if not isinstance(points, list):
+                continue
+            best = 0.0
+            for i, pt in enumerate(points):
+                thr = pt.get("throughput_rps") if isinstance(pt, dict) else None
+                if isinstance(thr, bool) or not isinstance(thr, (int, float)) or not 0 <= thr < float("inf"):
+                    problems.append(f"{path}: measured.{m.name}.{prof}.points[{i}].throughput_rps: "
+                                    f"must be a number >= 0, got {short(thr)}")
+                elif not pt.get("errors"):
+                    best = max(best, float(thr))
+            if best > 0:
+                out.setdefault(m.name, {})[str(prof)] = best
+        if problems:
+            raise ConfigError(problems, path)
+    return out
+
+
 def load_demand(path: str | Path, models: Sequence[str] | None = None) -> dict[str, float]:
     """Read a demand file ``{model: req/s}``; names must be in ``models`` when given."""
     p = Path(path)

@@ -7,12 +7,20 @@ Poisson load through the front door, its rate a ``loadtests.shapes.Step``
 (low -> high -> low). Sim side: the same ``PolicyConfig``, the same shape as a
 trace, ``SimCluster`` with delays matching the local backend (replica start
 measured on the real side, emulated repartition ~instant, Prometheus' 2 s
-scrape interval, the source's window).
+scrape interval, the source's window) and the replica's service rate as
+profiled on the real side: before the scenario a closed-loop burst measures
+the 1g replica's saturation throughput, and the other profiles scale from it
+by the emulated max-batch throughput (``triton_models/resnet/emulation.json``).
+The capacity table stays the policy's estimate on both sides -- the world is
+measured, the belief is not, as in production.
 
 Prints ONE JSON object: per-second replica-count timelines (real, sim), their
 mean absolute difference relative to the real mean, the max counts, the time
-of the first scale-up, and p99 over the high phase (real, sim) with the
-relative gap; ``within_20pct`` says whether both comparisons are within 20%.
+of the first scale-up, and the p99 of the requests sent in the high phase
+(real: measured per request; sim: the exact quantile of the fluid model's
+per-step sojourn distributions, failures counted as infinite on both sides)
+with the relative gap; ``within_20pct`` says whether both comparisons are
+within 20%.
 
 Run: ``.venv/bin/python benchmarks/fidelity.py [--low 15 --high 70 --phase-s 50]``
 (about 3 minutes; everything on 127.0.0.1, all processes stopped at the end).
@@ -65,6 +73,48 @@ def policy() -> PolicyConfig:
         scale_down=ScalingRules(20.0, SelectPolicy.MAX, (ScalingPolicy(PolicyType.PERCENT, 100, 15.0),)),
         metrics_stale_s=30.0,
     )
+
+
+def emulated_max_batch_rps(profile: str, max_batch: int = 8) -> float:
+    """req/s of one emulated replica at its largest batch (``emulation.json``, ``config.pbtxt``)."""
+    emu = json.loads((REPO / "resnet" / "emulation.json").read_text())
+    key = profile.split(".")[0]
+    return max_batch / ((emu["batch1_ms"][key] + emu["per_item_ms"][key] * (max_batch - 1)) / 1000.0)
+
+
+def service_rates(measured_1g_rps: float) -> dict[str, float]:
+    """Per-profile service rate: the measured 1g saturation, scaled by the emulated curve."""
+    base = emulated_max_batch_rps("1g.10gb")
+    return {p: measured_1g_rps * emulated_max_batch_rps(p) / base for p in CAPACITY}
+
+
+def measure_saturation(url: str, seconds: float = 6.0, concurrency: int = 16) -> float:
+    """Completed req/s of one replica under a closed-loop burst (``concurrency`` clients)."""
+    import tritonclient.http as th
+
+    done: list[float] = []
+    lock = threading.Lock()
+    t_end = time.monotonic() + seconds
+
+    def worker() -> None:
+        client = th.InferenceServerClient(url.removeprefix("http://"), network_timeout=30)
+        inp = th.InferInput("INPUT", [1, 3, 32, 32], "FP32")
+        inp.set_data_from_numpy(np.zeros((1, 3, 32, 32), dtype=np.float32))
+        while time.monotonic() < t_end:
+            client.infer("resnet", [inp])
+            with lock:
+                done.append(time.monotonic())
+        client.close()
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    t0 = time.monotonic()
+    for th_ in threads:
+        th_.start()
+    for th_ in threads:
+        th_.join(seconds + 30)
+    # the first second fills the batcher; count the rest
+    tail = [t for t in done if t >= t0 + 1.0]
+    return len(tail) / max(1e-9, (max(tail) - (t0 + 1.0))) if len(tail) > 1 else 0.0
 
 
 def initial_layout():
@@ -147,6 +197,9 @@ def run_real(shape: Step, run_dir: Path) -> dict[str, Any]:
         start_s = time.monotonic() - t_create
         if errs:
             raise RuntimeError(f"initial replica failed: {errs}")
+        (first,) = c.replicas()
+        saturation = measure_saturation(first.process.url_http)
+        time.sleep(12.0)  # let the burst leave the metrics windows before the loop starts
         if c.prometheus_url is not None:
             from autoscaler.observe.prometheus import PrometheusSource
 
@@ -177,13 +230,15 @@ def run_real(shape: Step, run_dir: Path) -> dict[str, Any]:
         if loop_thread is not None:
             loop_thread.join(30)
         c.stop()
-    return {"timeline": timeline, "records": load.records, "start_s": start_s, "source": source_name}
+    return {"timeline": timeline, "records": load.records, "start_s": start_s, "source": source_name,
+            "saturation_rps": saturation}
 
 
 # ------------------------------------------------------------------ sim side
 
 
-def run_sim(shape: Step, start_delay_s: float, step_s: float = 1.0) -> dict[str, Any]:
+def run_sim(shape: Step, start_delay_s: float, step_s: float = 1.0,
+            service_rps: dict[str, float] | None = None) -> dict[str, Any]:
     from autoscaler.policy.types import Replica
 
     clock = VirtualClock(0.0)
@@ -192,7 +247,8 @@ def run_sim(shape: Step, start_delay_s: float, step_s: float = 1.0) -> dict[str,
     cfg = SimConfig(step_s=step_s, start_delay_s=start_delay_s, drain_s=1.0, repartition_delay_s=1.0,
                     scrape_delay_s=2.0, metrics_window_s=6.0)
     spec = policy()
-    cluster = SimCluster(spec.models, {"resnet": SLO_MS}, init, clock, cfg)
+    cluster = SimCluster(spec.models, {"resnet": SLO_MS}, init, clock, cfg,
+                         service_rps={"resnet": service_rps} if service_rps else None, record_sojourns=True)
     loop = ControlLoop(cluster, cluster, cluster, spec, clock)
     timeline = []
     next_tick = 0.0
@@ -206,8 +262,11 @@ def run_sim(shape: Step, start_delay_s: float, step_s: float = 1.0) -> dict[str,
         ready = sum(1 for r in snap.replicas if r.state == ReplicaState.READY)
         timeline.append((now, live, ready))
         cluster.advance(np.array([shape.total_rps(now + 0.5 * step_s)]))
-    p99 = np.array(cluster.p99_s) * 1000.0
-    return {"timeline": timeline, "t": np.array(cluster.t), "p99_ms": p99[:, 0]}
+    def p99_ms(t0: float, t1: float) -> float | None:
+        v = cluster.sojourn_quantile("resnet", t0, t1, 0.99)
+        return None if v is None else v * 1000.0
+
+    return {"timeline": timeline, "p99_ms": p99_ms}
 
 
 # ------------------------------------------------------------------ compare
@@ -236,18 +295,16 @@ def compare(shape: Step, real: dict[str, Any], sim: dict[str, Any]) -> dict[str,
     in_hi = (rec[:, 0] >= hi_start) & (rec[:, 0] < hi_end) if len(rec) else np.zeros(0, bool)
     lat = np.where(rec[:, 2] > 0, rec[:, 1], np.inf)[in_hi] if len(rec) else np.zeros(0)
     real_p99 = float(np.quantile(lat, 0.99) * 1000.0) if len(lat) else None
-    st, sp = sim["t"], sim["p99_ms"]
-    mask = (st >= hi_start) & (st < hi_end) & np.isfinite(sp)
-    # request-weighted over the phase: the rate is constant inside it, so a plain mean of per-step p99
-    sim_p99 = float(np.mean(sp[mask])) if mask.any() else None
+    sim_p99 = sim["p99_ms"](hi_start, hi_end)
     p99_gap = abs(sim_p99 - real_p99) / real_p99 if real_p99 and sim_p99 else None
+    if p99_gap is not None and not np.isfinite(p99_gap):
+        p99_gap = None  # one side never finished its 99th percentile: not comparable
     # settled: the second half of the high phase, after both sides have scaled
     mid = 0.5 * (hi_start + hi_end)
     in_set = (rec[:, 0] >= mid) & (rec[:, 0] < hi_end) if len(rec) else np.zeros(0, bool)
     lat_set = np.where(rec[:, 2] > 0, rec[:, 1], np.inf)[in_set] if len(rec) else np.zeros(0)
     real_set = float(np.quantile(lat_set, 0.99) * 1000.0) if len(lat_set) else None
-    mset = (st >= mid) & (st < hi_end) & np.isfinite(sp)
-    sim_set = float(np.mean(sp[mset])) if mset.any() else None
+    sim_set = sim["p99_ms"](mid, hi_end)
     return {
         "replicas_real_per_s": r_live.tolist(),
         "replicas_sim_per_s": s_live.tolist(),
@@ -262,6 +319,12 @@ def compare(shape: Step, real: dict[str, Any], sim: dict[str, Any]) -> dict[str,
     }
 
 
+def _table_rates() -> dict[str, float]:
+    from autoscaler.sim.queueing import service_rate
+
+    return {p: service_rate(c, SLO_MS) for p, c in CAPACITY.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--low", type=float, default=15.0)
@@ -271,10 +334,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     shape = Step(duration_s=3 * args.phase_s, levels=(args.low, args.high, args.low))
     real = run_real(shape, Path(args.run_dir))
-    sim = run_sim(shape, start_delay_s=real["start_s"])
+    mu = service_rates(real["saturation_rps"])
+    sim = run_sim(shape, start_delay_s=real["start_s"], service_rps=mu)
     out = {"scenario": {"levels_rps": list(shape.levels), "phase_s": args.phase_s, "model": "resnet",
                         "capacity": CAPACITY, "slo_p99_ms": SLO_MS, "source": real["source"],
-                        "replica_start_s": round(real["start_s"], 2)}}
+                        "replica_start_s": round(real["start_s"], 2),
+                        "service_rps_profiled": {p: round(v, 1) for p, v in mu.items()},
+                        "service_rps_from_table": {p: round(v, 1) for p, v in _table_rates().items()}}}
     out.update(compare(shape, real, sim))
     print(json.dumps(out))
     return 0

@@ -17,6 +17,11 @@ compares policies, not simulators. The HPA arithmetic is the production
   perfect packing (fractional slices of each model's most efficient profile,
   continuous), zero delays. It bounds every policy that serves the demand at
   its SLO capacity; a policy that under-provisions can of course use less.
+- ``reactive_frontier``: not a policy but a second bound, priced like the
+  oracle: the GPU-hours a rule that only reacts (capacity = (1 + h) x the
+  demand max it saw over a window, ``lag_s`` late) needs per attainment
+  target. The benchmark prints it beside the oracle, so that a policy's gap to
+  the oracle can be split into the cost of reacting and the cost of packing.
 """
 
 from __future__ import annotations
@@ -57,18 +62,32 @@ def best_profile(spec: ModelSpec, product: str) -> str:
 # ------------------------------------------------------------------ oracle
 
 
+def slice_rates(specs: Sequence[ModelSpec], product: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per model, the oracle's two numbers: req/s per compute slice of its most efficient
+    profile, and its floor in compute slices (min_replicas x the smallest usable slice).
+
+    One place for them, so the oracle and the reactive bound price a slice the same way."""
+    prod = get_product(product)
+    eff = np.empty(len(specs))
+    floor = np.empty(len(specs))
+    for i, s in enumerate(specs):
+        usable = [(p, c) for p, c in s.capacity.items() if p in prod.profiles and c > 0]
+        if not usable:
+            raise ValueError(f"model {s.name}: no usable profile with capacity on {product}")
+        eff[i] = max(c / prod.profiles[p].compute for p, c in usable)
+        floor[i] = s.min_replicas * min(prod.profiles[p].compute for p, _ in usable)
+    return eff, floor
+
+
 def oracle_slices(
     specs: Sequence[ModelSpec], demand_rps: np.ndarray, product: str
 ) -> np.ndarray:
     """Compute slices the cluster needs per step: sum over models of max(demand / best efficiency,
     min_replicas x the smallest usable slice). ``demand_rps[m, k]``; returns shape (k,)."""
-    prod = get_product(product)
+    eff, floor = slice_rates(specs, product)
     total = np.zeros(demand_rps.shape[1])
-    for i, s in enumerate(specs):
-        usable = [(p, c) for p, c in s.capacity.items() if p in prod.profiles and c > 0]
-        eff = max(c / prod.profiles[p].compute for p, c in usable)
-        floor = s.min_replicas * min(prod.profiles[p].compute for p, _ in usable)
-        total += np.maximum(demand_rps[i] / eff, floor)
+    for i in range(len(specs)):
+        total += np.maximum(demand_rps[i] / eff[i], floor[i])
     return total
 
 
@@ -79,6 +98,204 @@ def oracle_hours(
     slices = oracle_slices(specs, demand_rps, product)
     per_gpu = get_product(product).compute_slices
     return float(slices.sum() * step_s / per_gpu / 3600.0), float(slices.sum() * step_s / 3600.0)
+
+
+# ------------------------------------------------------------------ reactive bound
+
+# h from -0.5 to 10 in steps of 0.001, built from integers so that h = 0 is on the grid exactly.
+# Negative h (provision below what was seen) is allowed: it can only lower the bound.
+DEFAULT_HEADROOM_GRID = np.arange(-500, 10_001) / 1000.0
+
+
+def reactive_frontier(
+    demand_rps: np.ndarray,
+    per_slice_rps: np.ndarray,
+    step_s: float,
+    slices_per_gpu: int,
+    lag_s: float,
+    window_s: float,
+    targets: Sequence[float],
+    *,
+    floor_slices: np.ndarray | None = None,
+    headroom_grid: np.ndarray | Sequence[float] = DEFAULT_HEADROOM_GRID,
+) -> dict[float, float | None]:
+    """Fewest GPU-hours a windowed-max reactive rule needs to reach each SLO attainment target.
+
+    The rule, per model ``m`` and step ``k`` (``L = floor(lag_s / step_s)``,
+    ``w = max(1, round(window_s / step_s))`` steps)::
+
+        capacity[m, k] = max((1 + h_m) * max(demand[m, k-L-w+1 .. k-L]), floor_slices[m] * per_slice_rps[m])
+
+    Before the trace starts, demand is held at its first value (as the
+    simulator's warm-up does). A step misses ``max(demand - capacity, 0)``
+    req/s; attainment is ``1 - missed / total``; GPU-hours are
+    ``sum(capacity / per_slice_rps) * step_s / 3600 / slices_per_gpu``. For each
+    target this returns the minimum GPU-hours over per-model headrooms ``h_m``
+    in ``headroom_grid`` (and the chords between grid points, see below), or
+    ``None`` when no choice in the grid reaches the target. With ``lag_s = 0``,
+    a one-step window and ``h = 0`` the rule is the oracle.
+
+    The bound is generous to the rule on purpose, so that a policy that cannot
+    beat it has a reason, not an excuse:
+
+    - fractional perfect packing: capacity costs exactly ``capacity /
+      per_slice_rps`` compute slices at every instant, ``slices_per_gpu`` to a
+      GPU, with no whole replicas, no MIG geometry, no repartitions;
+    - zero tick: the rule re-decides every step, not every control tick;
+    - instant start after the lag: capacity decided on data up to step ``k - L``
+      serves at step ``k``; ``lag_s`` is all the delay there is (scrape + replica
+      start), and it is rounded down to whole steps;
+    - no queueing: a request is missed only when its step's demand exceeds the
+      step's capacity; capacity equal to demand meets the SLO, and no backlog
+      carries into the next step;
+    - exact measurement: the rule sees the true per-step mean rates;
+    - hindsight headroom: each model gets its own ``h_m``, chosen with the
+      whole trace known, jointly to minimise GPU-hours.
+
+    It covers one family of rules (a windowed max times a headroom), not every
+    non-clairvoyant policy: a predictor (trend, seasonality) could do better.
+    So it is evidence of what reacting costs on a trace, not a proof over all
+    policies.
+
+    Exactness: per model, misses and GPU-hours are computed exactly at every
+    grid point (one sort per model, no pass per ``h``), each model's points are
+    reduced to their lower convex hull, and the hulls' segments are taken
+    greedily, most misses saved per GPU-hour first -- the Lagrangian sweep done
+    exactly -- the last one in part, along its chord. Without a floor, GPU-hours
+    are linear in ``h`` and misses convex, so the curve lies under its chords:
+    the answer is reached by the rule at some ``h`` and is its minimum to within
+    the grid's resolution. A floor can bend the curve the other way (a step that
+    leaves the floor starts to cost and to save at once); the answer is then the
+    convex relaxation, at most one model's hull segment below what headrooms on
+    the grid reach -- again on the generous side.
+    """
+    d = np.asarray(demand_rps, dtype=float)
+    if d.ndim != 2 or d.shape[1] == 0:
+        raise ValueError(f"demand_rps: expected a 2-D array (models, steps) with at least one step, "
+                         f"got shape {d.shape}")
+    n_models, n_steps = d.shape
+    bad = d[~(np.isfinite(d) & (d >= 0))]
+    if bad.size:
+        raise ValueError(f"demand_rps: rates must be finite and >= 0, got {bad[0]!r}")
+    rate = np.asarray(per_slice_rps, dtype=float)
+    if rate.shape != (n_models,):
+        raise ValueError(f"per_slice_rps: expected shape ({n_models},) (one per model), got {rate.shape}")
+    bad = rate[~(np.isfinite(rate) & (rate > 0))]
+    if bad.size:
+        raise ValueError(f"per_slice_rps: rates must be finite and > 0, got {bad[0]!r}")
+    if not (math.isfinite(step_s) and step_s > 0):
+        raise ValueError(f"step_s: must be > 0, got {step_s!r}")
+    if isinstance(slices_per_gpu, bool) or not isinstance(slices_per_gpu, int | np.integer) \
+            or slices_per_gpu < 1:
+        raise ValueError(f"slices_per_gpu: must be an integer >= 1, got {slices_per_gpu!r}")
+    if not (math.isfinite(lag_s) and lag_s >= 0):
+        raise ValueError(f"lag_s: must be >= 0, got {lag_s!r}")
+    if not (math.isfinite(window_s) and window_s > 0):
+        raise ValueError(f"window_s: must be > 0, got {window_s!r}")
+    targets = list(targets)
+    if not targets:
+        raise ValueError("targets: expected at least one attainment target, got none")
+    for t in targets:
+        if not (math.isfinite(t) and 0 < t <= 1):
+            raise ValueError(f"targets: each must be in (0, 1], got {t!r}")
+    if floor_slices is None:
+        floor = np.zeros(n_models)
+    else:
+        floor = np.asarray(floor_slices, dtype=float)
+        if floor.shape != (n_models,):
+            raise ValueError(f"floor_slices: expected shape ({n_models},) (one per model), got {floor.shape}")
+        bad = floor[~(np.isfinite(floor) & (floor >= 0))]
+        if bad.size:
+            raise ValueError(f"floor_slices: must be finite and >= 0, got {bad[0]!r}")
+    grid = np.asarray(headroom_grid, dtype=float)
+    if grid.ndim != 1 or grid.size == 0:
+        raise ValueError(f"headroom_grid: expected a non-empty 1-D sequence, got shape {grid.shape}")
+    bad = grid[~(np.isfinite(grid) & (grid > -1))]
+    if bad.size:
+        raise ValueError(f"headroom_grid: each headroom must be finite and > -1, got {bad[0]!r}")
+    u = np.unique(1.0 + grid)  # the capacity multiplier 1 + h, sorted
+
+    lag = math.floor(lag_s / step_s + 1e-9)
+    w = max(1, round(window_s / step_s))
+    # seen[m, k] = max(demand[m, k-L-w+1 .. k-L]); the trace's first rate stands in before t = 0
+    ext = np.concatenate([np.repeat(d[:, :1], lag + w - 1, axis=1), d], axis=1)
+    seen = np.lib.stride_tricks.sliding_window_view(ext[:, : n_steps + w - 1], w, axis=1).max(axis=2)
+
+    to_gpu_h = step_s / 3600.0 / slices_per_gpu
+    hull_g, hull_m = [], []
+    for i in range(n_models):
+        floor_rps = floor[i] * rate[i]
+        # max(d - max(u r, F), 0) = max(d - u r, 0) - max(min(F, d) - u r, 0): two hinge sums
+        miss = _hinge_sums(d[i], seen[i], u) - _hinge_sums(np.minimum(floor_rps, d[i]), seen[i], u)
+        miss = np.maximum(miss, 0.0)  # rounding in the difference of suffix sums
+        # max(u r, F) = u r + max(F - u r, 0)
+        cap = u * seen[i].sum() + _hinge_sums(np.full(n_steps, floor_rps), seen[i], u)
+        g, m = _lower_hull(cap / rate[i] * to_gpu_h, miss)
+        hull_g.append(g)
+        hull_m.append(m)
+
+    g0 = sum(float(g[0]) for g in hull_g)
+    m0 = sum(float(m[0]) for m in hull_m)
+    dg = np.concatenate([np.diff(g) for g in hull_g])
+    saved = np.concatenate([-np.diff(m) for m in hull_m])
+    useful = saved > 0  # a hull is convex: once a segment saves nothing, none after it does
+    dg, saved = dg[useful], saved[useful]
+    # most misses saved per GPU-hour first; within one model the hull already orders its segments so
+    order = np.argsort(-(saved / np.maximum(dg, 1e-300)), kind="stable")
+    dg, saved = dg[order], saved[order]
+    cum_g = np.concatenate([[0.0], np.cumsum(dg)])
+    cum_saved = np.concatenate([[0.0], np.cumsum(saved)])
+    total = float(d.sum())
+    tol = 1e-9 * total  # rounding in the suffix sums; far below any target's resolution
+    out: dict[float, float | None] = {}
+    for t in targets:
+        need = m0 - (1.0 - t) * total  # misses to remove from the cheapest point
+        if need <= tol:
+            out[t] = g0
+            continue
+        j = int(np.searchsorted(cum_saved, need - tol, side="left"))
+        if j >= len(cum_saved):
+            out[t] = None
+            continue
+        frac = min(1.0, max(0.0, (need - cum_saved[j - 1]) / saved[j - 1]))
+        out[t] = g0 + float(cum_g[j - 1] + frac * dg[j - 1])
+    return out
+
+
+def _hinge_sums(x: np.ndarray, r: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """``sum_k max(x_k - u * r_k, 0)`` for every ``u`` of the sorted array ``u > 0`` (``r >= 0``).
+
+    A term is positive exactly while ``u < x_k / r_k``: sorting those thresholds
+    once and keeping suffix sums of ``x`` and ``r`` gives every ``u`` by a
+    binary search, instead of a pass over the steps per ``u``."""
+    blind = r <= 0  # nothing seen: the term is x_k whatever the headroom
+    const = float(np.maximum(x[blind], 0.0).sum())
+    xs, rs = x[~blind], r[~blind]
+    th = xs / rs
+    order = np.argsort(th, kind="stable")
+    th, xs, rs = th[order], xs[order], rs[order]
+    sx = np.append(np.cumsum(xs[::-1])[::-1], 0.0)
+    sr = np.append(np.cumsum(rs[::-1])[::-1], 0.0)
+    i = np.searchsorted(th, u, side="right")  # first threshold above u
+    return const + sx[i] - u * sr[i]
+
+
+def _lower_hull(g: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The lower convex hull of the points (g, m), from the least g (monotone chain).
+
+    The exact curve is convex; the hull only removes rounding noise and
+    collinear points, so that each model's segments save strictly less per
+    GPU-hour one after the other and the greedy merge may reorder freely."""
+    order = np.lexsort((m, g))
+    hg: list[float] = []
+    hm: list[float] = []
+    for gi, mi in zip(g[order].tolist(), m[order].tolist()):
+        while len(hg) >= 2 and (hg[-1] - hg[-2]) * (mi - hm[-2]) - (hm[-1] - hm[-2]) * (gi - hg[-2]) <= 0:
+            hg.pop()
+            hm.pop()
+        hg.append(gi)
+        hm.append(mi)
+    return np.array(hg), np.array(hm)
 
 
 # ------------------------------------------------------------------ static-peak

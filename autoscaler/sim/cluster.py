@@ -129,8 +129,23 @@ class SimCluster(SimMetrics):
         initial: ClusterState,
         clock: VirtualClock,
         config: SimConfig | None = None,
+        *,
+        service_rps: Mapping[str, Mapping[str, float]] | None = None,
+        record_sojourns: bool = False,
     ) -> None:
+        """``service_rps``: the world's true service rate per model and profile,
+        when it has been measured (a replica's saturation throughput, e.g. by
+        ``benchmarks/fidelity.py``). Without it the rate is derived from the
+        capacity table, which is then both the policy's belief and the world's
+        truth; with it the two can differ, as they do when a table is an
+        estimate. ``record_sojourns`` keeps each step's per-replica sojourn
+        distribution so ``sojourn_quantile`` can give the exact quantile over a
+        phase (costs memory; the fidelity comparison uses it, the 24 h
+        benchmark does not)."""
         self.config = config or SimConfig()
+        self.service_rps = {m: dict(v) for m, v in (service_rps or {}).items()}
+        # per step: model index -> (arrivals per replica, exponential sojourn rate per replica)
+        self._sojourns: list[dict[int, tuple[np.ndarray, np.ndarray]]] | None = [] if record_sojourns else None
         self.clock = clock
         self.specs = {s.name: s for s in specs}
         self.models = [s.name for s in specs]
@@ -363,7 +378,7 @@ class SimCluster(SimMetrics):
         rid = rid or f"{model}-{self._seq}"
         spec = self.specs[model]
         cap = float(spec.capacity[profile])
-        mu = q.service_rate(cap, float(self.slo_s[self.midx[model]] * 1000.0))
+        mu = self.service_rps.get(model, {}).get(profile) or q.service_rate(cap, float(self.slo_s[self.midx[model]] * 1000.0))
         compute = get_product(self.gpus[gpu].product).profile(profile).compute
         now = self.clock.now()
         self._reps[rid] = _Rep(rid, model, profile, gpu, start, mu, cap, compute, state, now, ready_at,
@@ -440,6 +455,9 @@ class SimCluster(SimMetrics):
             pend = np.bincount(mi, weights=np.maximum(x1 - q.busy(x1), 0.0), minlength=n)
             nready = np.bincount(mi, minlength=n).astype(float)
             np.fmax.at(worst, mi, np.where(lam > 0, p99, np.nan))
+            if self._sojourns is not None:
+                rate = mu / (1.0 + xm)  # an arrival finding xm in the system: Exp(mu / (1 + xm)) sojourn
+                self._sojourns.append({int(j): (a_i[mi == j], rate[mi == j]) for j in set(mi.tolist())})
             for i, r in enumerate(ready):
                 r.x = float(x1[i])
                 prev = r.cum_busy[-1] if r.cum_busy else 0.0
@@ -452,6 +470,8 @@ class SimCluster(SimMetrics):
         for r in self._reps.values():
             if r.state == ReplicaState.STARTING:  # keeps the per-step index aligned
                 r.cum_busy.append(r.cum_busy[-1] if r.cum_busy else 0.0)
+        if self._sojourns is not None and not ready:
+            self._sojourns.append({})
         fail = np.where(nready == 0, arr, 0.0) + (dropped if ready else 0.0)
         c = self._cum
         for key, val in (("arr", arr), ("ok", ok), ("done", done), ("wait", wait), ("comp", comp),
@@ -465,6 +485,42 @@ class SimCluster(SimMetrics):
         used_gpus = {r.gpu for r in self._reps.values()} | set(self._repart)
         self.gpus_in_use.append(len(used_gpus))
         self.slices_in_use.append(sum(r.compute for r in self._reps.values()))
+
+    def sojourn_quantile(self, model: str, t0_s: float, t1_s: float, q_: float) -> float | None:
+        """The ``q_`` quantile (seconds) of the sojourn of ``model``'s requests arriving in
+        ``[t0_s, t1_s)``, failed and dropped ones counted as never finishing (inf),
+        as a load generator counts them. Needs ``record_sojourns=True``; None: no requests."""
+        if self._sojourns is None:
+            raise ValueError("sojourn_quantile: the cluster was built without record_sojourns=True")
+        j = self.midx[model]
+        fail = self.per_step("fail")[:, j]
+        ws, rs, failed = [], [], 0.0
+        for k, (t, per) in enumerate(zip(self.t, self._sojourns)):
+            if t0_s <= t < t1_s:
+                failed += float(fail[k])
+                if j in per:
+                    ws.append(per[j][0])
+                    rs.append(per[j][1])
+        w = np.concatenate(ws) if ws else np.zeros(0)
+        r = np.concatenate(rs) if rs else np.zeros(0)
+        keep = w > 0
+        w, r = w[keep], r[keep]
+        total = float(w.sum()) + failed
+        if total <= 0:
+            return None
+        if float(w.sum()) < q_ * total:
+            return math.inf
+
+        def share(t: float) -> float:
+            return float((w * (1.0 - np.exp(-r * t))).sum()) / total
+
+        lo, hi = 0.0, 1.0
+        while share(hi) < q_:
+            hi *= 2.0
+        for _ in range(60):  # bisection to ~1e-18 of the bracket
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if share(mid) < q_ else (lo, mid)
+        return hi
 
     def per_step(self, key: str) -> np.ndarray:
         """Per-step totals of a history counter as (steps, models): "arr" arrivals, "ok" within SLO,

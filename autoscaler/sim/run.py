@@ -75,6 +75,7 @@ class Result:
     ticks: int = 0
     errors: list[str] = field(default_factory=list)
     timeline: Timeline | None = None
+    measured_service: list[str] = field(default_factory=list)  # models served at profiled rates
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +89,7 @@ class Result:
             "ticks": self.ticks,
             "wall_s": round(self.wall_s, 3),
             "errors": len(self.errors),
+            "measured_service_rates": self.measured_service,
         }
 
 
@@ -105,15 +107,19 @@ def simulate(
     warmup_s: float = 1800.0,
     policy_overrides: Mapping[str, Any] | None = None,
 ) -> Result:
-    """Simulate from config objects (``config.load_models`` / ``config.load_cluster``)."""
-    from autoscaler.config import initial_cluster_state, model_specs, policy_config
+    """Simulate from config objects (``config.load_models`` / ``config.load_cluster``).
 
+    Where a model's ``capacity_file`` holds ``migscale profile`` sweeps, the
+    simulated replicas serve at the measured saturation throughput (the world
+    as profiled) while the policy keeps planning with the capacity table.
+    """
+    from autoscaler.config import initial_cluster_state, measured_service_rates, model_specs, policy_config
 
     specs = model_specs(models_cfg, cluster_cfg)
     slo = {m.name: float(m.slo.p99_ms) for m in models_cfg.models}
     pcfg = policy_config(models_cfg, cluster_cfg, **dict(policy_overrides or {}))
     return simulate_specs(specs, slo, initial_cluster_state(cluster_cfg), pcfg, trace, policy_name,
-                          step_s, sim=sim, warmup_s=warmup_s)
+                          step_s, sim=sim, warmup_s=warmup_s, service_rps=measured_service_rates(models_cfg))
 
 
 def simulate_specs(
@@ -128,6 +134,7 @@ def simulate_specs(
     sim: SimConfig | None = None,
     warmup_s: float = 1800.0,
     planner: Any = None,
+    service_rps: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Result:
     if policy_name not in POLICIES:
         raise SimError(f"policy: must be one of {', '.join(POLICIES)}, got {policy_name!r}")
@@ -172,7 +179,7 @@ def simulate_specs(
         tick_s = cfg.sync_s
         driver = _HpaDriver(specs, cfg)
     clock = VirtualClock(-float(warmup_s))
-    cluster = SimCluster(specs, slo_ms, state, clock, sim)
+    cluster = SimCluster(specs, slo_ms, state, clock, sim, service_rps=service_rps)
     if policy_name == "migscale":
         from autoscaler.loop import ControlLoop
 
@@ -194,8 +201,10 @@ def simulate_specs(
             next_tick += res.next_delay_s if getattr(res, "next_delay_s", 0) else tick_s
         cluster.advance(first if k < 0 else demand[:, k])
     errors.extend(cluster.late_errors)
-    return _score(policy_name, specs, slo_ms, cluster, demand, step_s, n_warm, len(cluster.gpus),
-                  time.perf_counter() - wall0, ticks, errors)
+    res = _score(policy_name, specs, slo_ms, cluster, demand, step_s, n_warm, len(cluster.gpus),
+                 time.perf_counter() - wall0, ticks, errors)
+    res.measured_service = sorted(m for m in (service_rps or {}) if m in names)
+    return res
 
 
 # ------------------------------------------------------------------ drivers

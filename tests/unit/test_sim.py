@@ -19,6 +19,7 @@ from autoscaler.policy.types import (
     GpuState,
     ModelSpec,
     Reason,
+    Replica,
     ReplicaState,
 )
 from autoscaler.sim import queueing as q
@@ -107,6 +108,43 @@ def test_replica_starts_after_delay_and_serves():
     assert not c.converging()
     c.advance(np.array([100.0]))
     assert c.capacity[-1][0] == 300.0
+
+
+def _ready_cluster(**kw) -> SimCluster:
+    clock = VirtualClock(0.0)
+    gpu = GpuState("n/0", "n", "A100-SXM4-80GB", TWO_3G)
+    rep = Replica("r0", "m", "3g.40gb", "n/0", 0, ReplicaState.READY, 0.0)
+    return SimCluster([SPEC], {"m": 50.0}, ClusterState((gpu,), (rep,)), clock, SimConfig(step_s=1.0), **kw)
+
+
+def test_phase_quantile_equals_the_stationary_p99_and_counts_failures():
+    c = _ready_cluster(record_sojourns=True)
+    for _ in range(200):
+        c.advance(np.array([200.0]))
+    mu = q.service_rate(300.0, 50.0)
+    assert c.sojourn_quantile("m", 100, 200, 0.99) == pytest.approx(np.log(100) / (mu - 200.0), rel=1e-6)
+    assert c.sojourn_quantile("m", 100, 200, 0.5) < c.sojourn_quantile("m", 100, 200, 0.99)
+    assert c.sojourn_quantile("m", 500, 600, 0.99) is None  # nobody arrived then
+    # overload past the queue timeout: >1% dropped, so the 99th percentile never finishes
+    c2 = _ready_cluster(record_sojourns=True)
+    for _ in range(60):
+        c2.advance(np.array([2000.0]))
+    assert c2.sojourn_quantile("m", 0, 60, 0.99) == float("inf")
+    with pytest.raises(ValueError, match="record_sojourns"):
+        _ready_cluster().sojourn_quantile("m", 0, 10, 0.99)
+
+
+def test_measured_service_rate_overrides_the_table_for_the_world_only():
+    slow = _ready_cluster(service_rps={"m": {"3g.40gb": 250.0}}, record_sojourns=True)
+    table = _ready_cluster(record_sojourns=True)
+    for c in (slow, table):
+        for _ in range(100):
+            c.advance(np.array([200.0]))
+    # the table still reports 300 req/s of capacity (the policy's belief) ...
+    assert slow.capacity[-1][0] == table.capacity[-1][0] == 300.0
+    # ... but the world serves at the measured rate: slower, so a longer tail
+    assert slow.sojourn_quantile("m", 50, 100, 0.99) == pytest.approx(np.log(100) / 50.0, rel=1e-6)
+    assert slow.sojourn_quantile("m", 50, 100, 0.99) > table.sojourn_quantile("m", 50, 100, 0.99)
 
 
 def test_requests_without_a_ready_replica_fail_and_count_as_misses():
@@ -279,6 +317,67 @@ def test_cli_simulate_bad_input_exits_2(tmp_path):
     assert res.exit_code == 2 and "--policy: must be one of" in res.output
     res = CliRunner().invoke(app, ["simulate", *args])
     assert res.exit_code == 2 and "not in the models config" in res.output and "Traceback" not in res.output
+
+
+def _profiled_models(tmp_path, throughput):
+    """One model whose capacity_file carries `migscale profile` sweeps topping out at ``throughput``."""
+    import yaml
+
+    (m,) = sc.fleet(1)
+    table = dict(m.pop("capacity"))
+    sweeps = {p: {"capacity_rps": c, "points": [{"concurrency": 1, "throughput_rps": 0.5 * throughput, "errors": 0},
+                                              {"concurrency": 8, "throughput_rps": throughput, "errors": 0},
+                                              {"concurrency": 16, "throughput_rps": 3 * throughput, "errors": 7}]}
+              for p, c in table.items()}
+    (tmp_path / "cap.yaml").write_text(yaml.safe_dump({"models": {m["name"]: table},
+                                                       "measured": {m["name"]: sweeps}}))
+    m["capacity_file"] = "cap.yaml"
+    (tmp_path / "models.yaml").write_text(yaml.safe_dump({"models": [m]}))
+    return m, table
+
+
+def test_profiled_sweeps_set_the_simulated_service_rate(tmp_path):
+    import json
+
+    import yaml
+
+    from autoscaler.config import load_models, measured_service_rates
+
+    m, table = _profiled_models(tmp_path, throughput=1.0)
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(sc.cluster(1, policy={"tick_s": 15})))
+    rates = measured_service_rates(load_models(tmp_path / "models.yaml"))
+    assert rates == {m["name"]: {p: 1.0 for p in table}}  # the errored point does not count
+    # load near the table's capacity: at the table's own rate the SLO holds, at the measured one it cannot
+    rps = 0.9 * min(table.values())
+    t = np.arange(0.0, 900.0, 60.0)
+    tr.write_csv(tr.Trace(t, (m["name"],), np.full((1, len(t)), rps), 900.0), tmp_path / "t.csv")
+    args = [str(tmp_path / n) for n in ("models.yaml", "cluster.yaml", "t.csv")]
+    run = ["simulate", *args, "--policy", "migscale", "--json", "--warmup-s", "600"]
+    res = CliRunner().invoke(app, run)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert out["measured_service_rates"] == [m["name"]]
+    assert out["slo_attainment"] < 0.5
+    (tmp_path / "cap.yaml").write_text(yaml.safe_dump({"models": {m["name"]: table}}))  # no sweeps: the table
+    res = CliRunner().invoke(app, run)
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert out["measured_service_rates"] == [] and out["slo_attainment"] > 0.98
+
+
+def test_a_malformed_sweep_exits_2_naming_the_point(tmp_path):
+    import yaml
+
+    m, table = _profiled_models(tmp_path, throughput=100.0)
+    doc = yaml.safe_load((tmp_path / "cap.yaml").read_text())
+    prof = next(iter(table))
+    doc["measured"][m["name"]][prof]["points"][1]["throughput_rps"] = "fast"
+    (tmp_path / "cap.yaml").write_text(yaml.safe_dump(doc))
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(sc.cluster(1)))
+    tr.write_csv(tr.Trace(np.array([0.0]), (m["name"],), np.array([[10.0]]), 600.0), tmp_path / "t.csv")
+    res = CliRunner().invoke(app, ["simulate", *(str(tmp_path / n) for n in ("models.yaml", "cluster.yaml", "t.csv"))])
+    assert res.exit_code == 2, res.output
+    assert f"measured.{m['name']}.{prof}.points[1].throughput_rps" in res.output and "'fast'" in res.output
+    assert "Traceback" not in res.output
 
 
 def _two_gpu_cluster(**cfg) -> tuple[SimCluster, VirtualClock]:
