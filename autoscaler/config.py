@@ -338,9 +338,22 @@ class ScalingPolicy(_Strict):
 
 
 class ScalingBehavior(_Strict):
+    """HPA ``behavior.scaleUp``/``scaleDown``. A field left out takes the Kubernetes default
+    for its direction (``PolicyConfig`` fills it), as the API server's defaulting does."""
+
     stabilization_window_s: float = Field(default=0, ge=0, le=3600)  # HPA cap: 3600 s
     select_policy: Literal["Max", "Min", "Disabled"] = "Max"
     policies: list[ScalingPolicy] = Field(default_factory=list)
+
+    @field_validator("policies")
+    @classmethod
+    def _some(cls, v: list[ScalingPolicy]) -> list[ScalingPolicy]:
+        # Kubernetes rejects an empty list ("at least one Policy"); here it would freeze the
+        # direction silently. Leave the key out for the defaults, or use select_policy: Disabled.
+        if not v:
+            raise ValueError("must list at least one policy (leave it out for the Kubernetes default, "
+                             "or set select_policy: Disabled)")
+        return v
 
 
 def _hpa_up() -> ScalingBehavior:
@@ -374,6 +387,16 @@ class PolicyConfig(_Strict):
     churn_budget: int = Field(default=4, ge=1, le=1000, description="max create+delete actions per tick")
     scale_up: ScalingBehavior = Field(default_factory=_hpa_up)
     scale_down: ScalingBehavior = Field(default_factory=_hpa_down)
+
+    @field_validator("scale_up", "scale_down", mode="before")
+    @classmethod
+    def _defaults_per_field(cls, v: Any, info: Any) -> Any:
+        # `scale_down: {stabilization_window_s: 120}` keeps the default policies (Kubernetes
+        # defaulting works field by field), instead of ending up with none.
+        if isinstance(v, dict):
+            base = (_hpa_up if info.field_name == "scale_up" else _hpa_down)().model_dump()
+            return {**base, **v}
+        return v
     metrics_stale_s: float = Field(default=60, gt=0, le=86_400)
 
     @model_validator(mode="after")

@@ -220,6 +220,20 @@ def test_hpa_defaults() -> None:
     assert pol.scale_up.select_policy == "Max"
 
 
+def test_a_partial_behavior_keeps_the_kubernetes_defaults_of_the_fields_left_out() -> None:
+    gpus = [{"node": "n", "product": "A30-24GB"}]
+    pol = parse_cluster({"gpus": gpus, "policy": {"scale_down": {"stabilization_window_s": 120},
+                                                  "scale_up": {"select_policy": "Min"}}}).policy
+    # scale-down keeps its -100% per 15 s policy (it used to end up with none: no scale-down at all)
+    assert pol.scale_down.stabilization_window_s == 120
+    assert [(p.type, p.value, p.period_s) for p in pol.scale_down.policies] == [("Percent", 100, 15)]
+    assert pol.scale_up.select_policy == "Min" and pol.scale_up.stabilization_window_s == 0
+    assert len(pol.scale_up.policies) == 2
+    with pytest.raises(ConfigError) as e:
+        parse_cluster({"gpus": gpus, "policy": {"scale_down": {"policies": []}}})
+    assert any(m.startswith("policy.scale_down.policies: must list at least one policy") for m in e.value.problems)
+
+
 def test_check_dirs_off_skips_only_the_model_directory(tmp_path: Path) -> None:
     models = parse_models(
         {"models": [_model(model_dir="nowhere", profiles=["1g.5gb"], capacity={"1g.5gb": 1})]}, base_dir=tmp_path
