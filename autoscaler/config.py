@@ -398,6 +398,10 @@ class PolicyConfig(_Strict):
             return {**base, **v}
         return v
     metrics_stale_s: float = Field(default=60, gt=0, le=86_400)
+    rightsize_window_s: float = Field(
+        default=1800, ge=0, le=86_400,
+        description="swap a replica for a smaller MIG profile once demand has stayed low this long; 0 = never",
+    )
 
     @model_validator(mode="after")
     def _windows(self) -> PolicyConfig:

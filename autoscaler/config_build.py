@@ -395,6 +395,7 @@ def policy_config(models_cfg: Any, cluster_cfg: Any, **overrides: Any) -> "Polic
         "scale_up": rules_from_config(p.scale_up),
         "scale_down": rules_from_config(p.scale_down),
         "metrics_stale_s": float(p.metrics_stale_s),
+        "rightsize_window_s": float(p.rightsize_window_s),
     }
     kw.update(overrides)
     return PolicyConfig(**kw)

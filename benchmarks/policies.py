@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             "all_three": ({"churn_budget": 1000}, {"repartition_delay_s": 10.0}, "nocorr"),
             # the loop's old behaviour: every model waits while anything converges
             "global_gate": ({}, {"in_flight_hook": False}, {}),
+            # oversized replicas are never swapped for smaller profiles
+            "rightsize_off": ({"rightsize_window_s": 0}, {}, {}),
         }
         from autoscaler.policy.demand import CorrectionConfig
 

@@ -222,13 +222,22 @@ class TritonProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def is_ready(self, timeout_s: float = 1.0) -> bool:
+        """HTTP health says ready *and* the metrics port accepts connections.
+
+        Triton opens its metrics port after HTTP may already answer ready; a
+        replica counted ready before its /metrics listens reads as missing data
+        to the loop (and refused a load test's first scrape on a busy machine).
+        """
         if not self.alive():
             return False
         try:
             with urllib.request.urlopen(
                 f"http://{self.url_http}/v2/health/ready", timeout=timeout_s
             ) as r:
-                return r.status == 200
+                if r.status != 200:
+                    return False
+            with socket.create_connection(("127.0.0.1", self.ports.metrics), timeout=timeout_s):
+                return True
         except OSError:
             return False
 

@@ -56,6 +56,11 @@ class PolicyConfig:
     correction: dm.CorrectionConfig = field(default_factory=dm.CorrectionConfig)
     # NVIDIA's reference signal as a second HPA metric (e.g. 1.0); None: off
     queue_compute_target: float | None = None
+    # A replica is swapped for a smaller profile only once the req/s required has
+    # stayed low this long (None/0: never). Longer than the scale-down window on
+    # purpose: an oversized replica's slack absorbs the next burst of a bursty
+    # model; only demand that stays low for half an hour is right-sized.
+    rightsize_window_s: float | None = 1800.0
 
     def spec(self, name: str) -> ModelSpec:
         for m in self.models:
@@ -199,15 +204,36 @@ def _observe_model(obs, state: PolicyState, cfg: PolicyConfig, spec: ModelSpec, 
         panic_cap = cap if cap > 0 else (best_replica_capacity(spec) or 0.0)
         panic = dm.update_panic(panic, short, panic_cap, cfg.panic_threshold, cfg.stable_window_s, now_s)
         util = observed * corr / cap if cap > 0 else None  # against the corrected table
-        corr, _ = dm.update_correction(
-            corr, sig.p99_ms, cfg.slo_p99_ms.get(name), util, sig.latency_is_average, cfg.correction
-        )
+        if _settled(spec, obs.cluster, panic, now_s, cfg.long_window_s):
+            corr, _ = dm.update_correction(
+                corr, sig.p99_ms, cfg.slo_p99_ms.get(name), util, sig.latency_is_average, cfg.correction
+            )
     est = (
         dm.estimate(hist, panic, now_s, cfg.short_window_s, cfg.long_window_s)
         if observed is not None
         else None
     )
     return sig, observed, hist, panic, corr, est, n, cap
+
+
+def _settled(spec: ModelSpec, cluster: ClusterState, panic: dm.PanicState, now_s: float, window_s: float) -> bool:
+    """May this tick's p99 teach the correction factor anything about the table?
+
+    Only when capacity has been steady for a whole window: not while
+    panicking, and every live replica READY for at least ``window_s``. Right
+    after a burst the latency window still holds the backlog of the minutes
+    before, while ``cap`` already counts the new (starting) replicas, so
+    utilization reads low and the slow p99 looked like an optimistic table:
+    the factor went 1.0 -> 2.0 in six ticks and doubled every requirement
+    for minutes after the burst had been served.
+    """
+    if panic.panicking:
+        return False
+    return not any(
+        r.model == spec.name and r.state in _LIVE
+        and (r.state is not ReplicaState.READY or (r.since_s is not None and now_s - r.since_s < window_s))
+        for r in cluster.replicas
+    )
 
 
 def observe_only(obs: Observation, state: PolicyState, cfg: PolicyConfig, now_s: float) -> PolicyState:
@@ -287,10 +313,24 @@ def _propose(
     return desired, desired
 
 
-def _target_rps(step: _Step, desired: int) -> float:
-    """Replica-equivalents back to req/s for the planner."""
+def _target_rps(step: _Step, desired: int, held_rps: float | None = None) -> float:
+    """Replica-equivalents back to req/s for the planner.
+
+    ``held_rps``: when the count holds, the highest req/s required over the
+    right-size window (``rightsize_window_s``, 30 min by default; None: some of
+    it was blind, or right-sizing is off). Asking the planner for that instead
+    of the running capacity lets it right-size profiles -- swap a 7g replica
+    left over from a burst for a 2g once demand has stayed low for the window;
+    the planner only does so when it frees whole slices on an instance that
+    exists now. Measured on the 24 h benchmark (4 seeds): 6% fewer GPU-hours
+    for 0.1 points of SLO attainment; with the 300 s scale-down window instead
+    of 30 min it cost 0.5 points (the oversized replica's slack was absorbing
+    bursts).
+    """
     n, cap, per_replica = step.n, step.cap, step.per_replica
     if desired == n and n > 0 and cap > 0:
+        if held_rps is not None and step.required is not None:
+            return min(cap, held_rps)
         return cap  # hold exactly what runs now
     if not per_replica:
         return 0.0
@@ -300,6 +340,18 @@ def _target_rps(step: _Step, desired: int) -> float:
         # 130 req/s with cheaper profiles than 3 x 50
         tgt = max(min(step.required, tgt), cap)
     return tgt
+
+
+def _held_rps(history, now_s: float, config: PolicyConfig) -> float | None:
+    """Max req/s required over the right-size window (at least the scale-down window);
+    None if any of it is unknown or right-sizing is off."""
+    if not config.rightsize_window_s:
+        return None  # right-sizing off: a holding count holds its capacity
+    window = max(config.scale_down.stabilization_window_s, config.rightsize_window_s)
+    vals = [r.required_rps for r in history if r.t_s > now_s - window or r.t_s == now_s]
+    if not vals or any(v is None for v in vals):
+        return None
+    return max(vals)
 
 
 def decide(
@@ -317,7 +369,8 @@ def decide(
     last_rec, diags = dict(state.last_recommendation), {}
     target_rps: dict[str, float] = {}
     reasons: dict[str, tuple[Reason, ...]] = {}
-    keep_recs = max(config.scale_up.stabilization_window_s, config.scale_down.stabilization_window_s)
+    keep_recs = max(config.scale_up.stabilization_window_s, config.scale_down.stabilization_window_s,
+                    config.rightsize_window_s or 0.0)
     keep_events = hpa.longest_period_s(config.scale_up, config.scale_down)
 
     for spec in config.models:
@@ -325,11 +378,15 @@ def decide(
         sig, observed, hist, p, c, est, n, cap = _observe_model(observation, state, config, spec, now_s)
         demand[name], corr[name] = hist, c
         step = _Step(n, cap, cap / n if n and cap > 0 else best_replica_capacity(spec), None)
+        drain = config.backlog_drain_s if config.backlog_drain_s is not None else config.short_window_s
+        # Saturated: demand is a guess above the served rate (see dm.is_saturation_guess).
+        guess = observed is not None and dm.is_saturation_guess(sig, drain, cap if cap > 0 else None)
         if est is not None and est.used_rps is not None:
             step.required = dm.required_capacity(est.used_rps, c, config.headroom)
             if p.panicking:  # Knative: while panicking the requirement only ever rises
                 step.required = max(step.required, p.max_required_rps)
-                p = dataclasses.replace(p, max_required_rps=step.required)
+                if not guess:  # ...from what was measured: a guess would hold its overshoot all panic long
+                    p = dataclasses.replace(p, max_required_rps=step.required)
             step.stages.append(Stage("required_rps", step.required, Reason.KEEP))
         panic[name] = p
 
@@ -355,7 +412,7 @@ def decide(
             step.stages.append(Stage("stabilize", stab, r))
             if step.required is not None:  # a blind guess is not a recommendation
                 recs[name] = hpa.record_recommendation(
-                    recs[name], hpa.Recommendation(now_s, proposal), keep_recs
+                    recs[name], hpa.Recommendation(now_s, proposal, step.required), keep_recs
                 )
             desired, r = hpa.apply_behavior(
                 n,
@@ -371,7 +428,7 @@ def decide(
         if step.required is None and desired < n:
             desired = n  # belt and braces: never below current while blind
         events[name] = hpa.record_scale_event(events.get(name, ()), now_s, n, desired, keep_events)
-        target_rps[name] = tgt = _target_rps(step, desired)
+        target_rps[name] = tgt = _target_rps(step, desired, _held_rps(recs.get(name, ()), now_s, config))
 
         why = step.why
         for st in step.stages:

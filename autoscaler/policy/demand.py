@@ -8,13 +8,16 @@ capacity (req/s) a model needs, before the HPA stages and the planner.
   stable estimate -- Knative's panic/stable windows.
 - Panic mode (Knative KPA, FACTS.md §7): enter when short-window demand is at
   least ``panic_threshold`` (2.0) times current capacity; while panicking use
-  the short window and never lower the requirement; leave once the condition
+  the short window and never lower the requirement (the floor it keeps comes
+  from measured demand, not from a saturation guess); leave once the condition
   has not held for a whole stable window.
 - Required capacity = demand x correction x (1 + headroom). With 100 req/s,
   correction 1.0 and headroom 0.2 the planner is asked for 120 req/s.
 - The correction factor is learned online: when observed p99 exceeds the SLO
   the capacity table was optimistic, so demand is inflated; when the model is
-  busy yet far inside its SLO it deflates. Bounded to [0.5, 2].
+  busy yet far inside its SLO it deflates. Bounded to [0.5, 2]. ``decide``
+  only lets it learn while the model's capacity is settled (no panic, every
+  replica READY for a long window): a burst's backlog is not a table error.
 """
 
 from __future__ import annotations
@@ -134,6 +137,26 @@ def observed_demand(
     # them asked a flash crowd at 3x capacity for 7x, filled the cluster and
     # starved every other model).
     return max(signals.request_rate * saturation_pressure(signals), signals.request_rate + extra)
+
+
+def is_saturation_guess(
+    signals: ModelSignals | None, backlog_drain_s: float, capacity_rps: float | None = None
+) -> bool:
+    """Is ``observed_demand`` above the served rate because the model is saturated?
+
+    Then the value is a guess (pressure or backlog catch-up), not a measured
+    arrival rate: good enough to scale up on, but it overshoots -- a flash crowd
+    at 2.5x capacity read 5x (pressure capped at 4x, plus the backlog) -- so
+    ``decide`` does not ratchet the panic requirement with it (a ratcheted
+    guess held that overshoot for the whole panic). Same branches as
+    ``observed_demand``.
+    """
+    if signals is None or signals.request_rate is None:
+        return False
+    if capacity_rps is not None and capacity_rps > 0 and signals.request_rate < SATURATED_UTILIZATION * capacity_rps:
+        return False
+    got = observed_demand(signals, backlog_drain_s, capacity_rps)
+    return got is not None and got > signals.request_rate * (1.0 + 1e-9)
 
 
 def record_demand(

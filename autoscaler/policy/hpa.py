@@ -71,6 +71,9 @@ DEFAULT_SCALE_DOWN = ScalingRules(300.0, SelectPolicy.MAX, (ScalingPolicy(Policy
 class Recommendation:
     t_s: float
     replicas: int
+    # req/s behind the count (None: blind or not demand-driven). HPA keeps counts
+    # only; migscale also right-sizes profiles, which needs the rate stabilized too.
+    required_rps: float | None = None
 
 
 @dataclass(frozen=True)

@@ -148,8 +148,8 @@ def _realize_search(product: Product, items: list[str]) -> tuple[Placement, ...]
 class GpuWork:
     """The target of one GPU while the plan is being built (mutable, planner-private)."""
 
-    __slots__ = ("blocked", "current", "fabric", "frozen", "hard", "id", "node", "order", "product", "rdma", "soft",
-                 "whole")
+    __slots__ = ("blocked", "current", "fabric", "frozen", "hard", "id", "keep_cut", "node", "order", "product", "rdma",
+                 "soft", "whole")
 
     def __init__(self, gid: str, node: str, product: Product, rdma: bool, fabric: str | None,
                  current: tuple[Placement, ...], order: int) -> None:
@@ -166,6 +166,11 @@ class GpuWork:
         self.soft: set[Placement] = set(current)
         self.whole: str | None = None  # multinode model holding the whole GPU
         self.frozen = False  # GpuState.busy: work in flight, nothing new goes here this tick
+        # Hosts a scale-up fast-path replica (``planner_urgent.place_urgent``):
+        # its layout stays as cut this tick -- a repartition would hold that
+        # replica's start for the whole repartition -- so only its existing
+        # empty instances take more replicas.
+        self.keep_cut = False
 
     def hard_layout(self) -> tuple[Placement, ...]:
         return tuple(sorted(Placement(s, v[1]) for s, v in self.hard.items()))
@@ -177,7 +182,7 @@ class GpuWork:
         return sum(self.product.profiles[v[1]].compute for v in self.hard.values())
 
     def key(self) -> tuple:
-        return (self.product.name, self.rdma, self.occupied(), tuple(sorted(self.soft)), bool(self.hard))
+        return (self.product.name, self.rdma, self.occupied(), tuple(sorted(self.soft)), bool(self.hard), self.keep_cut)
 
     def place(self, model: str, profile: str, start: int, destroyed: tuple[Placement, ...], replica: str | None = None) -> None:
         for p in destroyed:
@@ -237,7 +242,7 @@ class Index:
         best: tuple[GpuWork, int, tuple[Placement, ...]] | None = None
         best_rank: tuple | None = None
         for k, bucket in self.buckets.items():
-            _pname, rdma, occupied, soft, used = k
+            _pname, rdma, occupied, soft, used, keep_cut = k
             if used_only and not used:
                 continue
             g0 = next(iter(bucket.values()))
@@ -245,6 +250,8 @@ class Index:
             if got is None:
                 continue
             exact = any(p.start == got[0] and p.profile == profile for p in soft)
+            if keep_cut and not exact:
+                continue  # would repartition a GPU whose layout stays as cut this tick
             rank = (-_compute(g0.product, occupied), not exact, bool(got[1]), rdma)
             if best_rank is not None and rank > best_rank:
                 continue

@@ -20,10 +20,15 @@ How (a fast heuristic; ``milp.py`` holds the exact reference):
    replicas demand no longer needs (least efficient, emptiest GPU first);
    switch a model wholesale to its fresh optimal mix only when that saves at
    least max(7, 25%) of its slices and the new mix can be placed beside the
-   old one -- smaller savings are not worth the churn.
+   old one -- smaller savings are not worth the churn; a model that holds
+   more capacity than its (long-stabilized) demand swaps one oversized
+   replica per tick for a smaller one on an empty instance (``_downsize``).
 2. multinode models (``planner_multinode``) take whole RDMA GPUs,
    all-or-nothing per group, one fabric preferred.
-3. placement (``planner_place`` over ``packing``): new replicas fill GPUs
+3. placement (``planner_place`` over ``packing``): a running model short of
+   its demand first takes empty instances that exist now, on any usable
+   profile (``place_urgent``: ready in a start delay, not after a
+   repartition; such a GPU keeps its layout this tick); then new replicas fill GPUs
    already in use, then empty GPUs are cut with whole-GPU patterns; high
    availability is repaired by swapping; a lightly used GPU whose replicas
    all fit elsewhere is emptied (consolidation).
@@ -31,7 +36,8 @@ How (a fast heuristic; ``milp.py`` holds the exact reference):
    bound, a coordinate descent over the new models' alternative mixes
    (each within 6 slices of its optimum) keeps the best plan: a lost GPU
    there is 25-50% (the benchmark's optimality gap vs the MILP).
-5. actions (``planner_actions``): churn budget, dependency order, layouts.
+5. actions (``planner_actions``): churn budget (within a priority, the
+   creates that need no repartition first), dependency order, layouts.
 
 Shortfall priority rule (when the cluster cannot hold everything): higher
 ``ModelSpec.priority`` first; within one priority, every model's floor
@@ -53,7 +59,14 @@ from autoscaler.mig.products import PRODUCTS, Product
 from autoscaler.policy import planner_actions as acts
 from autoscaler.policy.packing import GpuWork
 from autoscaler.policy.planner_multinode import WHOLE, group_of, plan_multinode
-from autoscaler.policy.planner_place import consolidate, fix_high_availability, place_all, refill, unmet
+from autoscaler.policy.planner_place import (
+    consolidate,
+    fix_high_availability,
+    place_all,
+    refill,
+    unmet,
+)
+from autoscaler.policy.planner_rightsize import DOWNSIZE_MIN_SLICES, downsize, free_profiles
 from autoscaler.policy.planner_sizing import (
     EPS,
     ProfileOption,
@@ -63,9 +76,10 @@ from autoscaler.policy.planner_sizing import (
     required_min,
     usable_profiles,
 )
+from autoscaler.policy.planner_urgent import place_urgent
 from autoscaler.policy.types import ClusterState, ModelSpec, Plan, Reason, Replica, ReplicaState
 
-__all__ = ["WHOLE", "apply_plan_to_cluster", "group_of", "plan"]
+__all__ = ["DOWNSIZE_MIN_SLICES", "WHOLE", "apply_plan_to_cluster", "group_of", "plan"]
 
 apply_plan_to_cluster = acts.apply_plan_to_cluster
 
@@ -143,6 +157,7 @@ def plan(
             load[r.gpu] = load.get(r.gpu, 0) + w.product.profiles[r.profile].compute
 
     removed0 = dict(removed)
+    free_now = free_profiles(cluster, by_id)
     mn_models = [s for s in models if s.backend == "multinode"]
     no_rebalance: set[str] = set()
     while True:
@@ -155,7 +170,7 @@ def plan(
             m = _Model(spec, usable_profiles(spec, mig_products), None if d is None else max(0.0, float(d)))
             work[spec.name] = m
             _size_model(m, replicas_by_model.get(spec.name, []), by_id, load, removed,
-                        rebalance=spec.name not in no_rebalance)
+                        rebalance=spec.name not in no_rebalance, free_now=free_now)
 
         def attempt(adds: Mapping[str, dict[str, int]] | None, work=work, removed=removed, reuse=False,
                     plain=False) -> Plan:
@@ -276,6 +291,8 @@ def _attempt(cluster: ClusterState, models: Sequence[ModelSpec], demand_rps: Map
 
     # Multinode groups take whole RDMA GPUs before new MIG replicas are placed.
     groups = plan_multinode(mn_models, demand_rps, cluster, gpus, by_id, removed)
+    # A running model short of its demand first takes empty instances as they are cut now.
+    place_urgent(work, gpus)
 
     total_new = sum(sum(m.add.values()) for m in work.values())
     placed_tier2: set[tuple[str, int]] = set()
@@ -340,7 +357,7 @@ def _mix_of(p: Plan, model: str) -> dict[str, int]:
 
 
 def _size_model(m: _Model, reps: list[Replica], by_id: dict[str, GpuWork], load: dict[str, int],
-                removed: dict[str, Reason], *, rebalance: bool = True) -> None:
+                removed: dict[str, Reason], *, rebalance: bool = True, free_now: frozenset[str] | None = None) -> None:
     spec = m.spec
     healthy: list[Replica] = []
     for r in reps:
@@ -389,6 +406,8 @@ def _size_model(m: _Model, reps: list[Replica], by_id: dict[str, GpuWork], load:
                 keep.remove(r)
                 n, cap = n - 1, cap - c
                 removed[r.id] = Reason.SCALE_DOWN_DEMAND
+        if not any(removed.get(r.id) is Reason.SCALE_DOWN_DEMAND for r in healthy):
+            add = downsize(m, keep, cap, demand, removed, free_now)
     else:
         add = cover(demand - cap, m.options, max(0, m.floor - n), max(0, ceiling - n))
     while len(keep) > ceiling:

@@ -287,7 +287,10 @@ def _select(creates: list[_Create], removed: dict[str, Reason], replicas: dict[s
 
     prio = {n: m.spec.priority for n, m in work.items()}
     growth = [c for c in creates if c.reason not in REPLACING]
-    growth.sort(key=lambda c: (-prio.get(c.model, 0), c.reason is Reason.PROFILE_EFFICIENCY, c.order))
+    # Capacity that serves soonest first: a create on an instance that exists now
+    # is ready in a start delay, one behind a repartition minutes later.
+    growth.sort(key=lambda c: (-prio.get(c.model, 0), c.reason is Reason.PROFILE_EFFICIENCY,
+                               _needs_cut(by_id[c.gpu], c), c.order))
     for u in units(growth):
         take_create(u)
     for rid in sorted(removed, key=lambda r: (removed[r] in REPLACING, r)):
@@ -311,6 +314,10 @@ def _select(creates: list[_Create], removed: dict[str, Reason], replicas: dict[s
     deferred = {c.model for c in creates if c.order not in sel_c}
     deferred |= {replicas[r].model for r in removed if r not in sel_d}
     return sel_c, sel_d, deferred
+
+
+def _needs_cut(g: GpuWork, c: _Create) -> bool:
+    return c.group is not None or Placement(c.start, c.profile) not in g.current
 
 
 def _overlap(g: GpuWork, c: _Create, r: Replica) -> bool:

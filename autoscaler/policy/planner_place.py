@@ -1,6 +1,7 @@
 """Planner step 2b: place new replicas, repair high availability, consolidate.
 
-Pure; used by ``planner.plan`` after sizing. Works on the per-GPU work state
+Pure; used by ``planner.plan`` after sizing and after the scale-up fast path
+(``planner_urgent.place_urgent``). Works on the per-GPU work state
 of ``packing`` (``GpuWork``) in two tiers: first only space that is free now,
 then also the space of replicas that leave this tick (a CREATE there waits
 for their DELETE). When everything cannot fit, the shortfall priority rule
@@ -358,7 +359,7 @@ def _swap_across(name: str, where: list, g0: GpuWork, gpus: list[GpuWork], ha: s
         if v[2] is not None:
             continue
         for h in gpus:
-            if h is g0 or h.whole is not None or h.frozen or not h.hard:
+            if h is g0 or h.whole is not None or h.frozen or h.keep_cut or g0.keep_cut or not h.hard:
                 continue
             for s2, v2 in list(h.hard.items()):
                 if v2[2] is not None or v2[0] == name or v2[1] == v[1]:
@@ -396,7 +397,9 @@ def consolidate(work: dict[str, _Model], gpus: list[GpuWork], removed: dict[str,
                 evacuated: set[str] | None = None) -> set[tuple[str, int]]:
     """Empty lightly used GPUs whose replicas all fit in free space elsewhere."""
     moved: set[tuple[str, int]] = set()
-    used = [g for g in gpus if g.hard and g.whole is None and not g.frozen]
+    # A GPU that took a fast-path replica this tick is not emptied: moving that
+    # replica would mostly mean a repartition, which is what the fast path avoids.
+    used = [g for g in gpus if g.hard and g.whole is None and not g.frozen and not g.keep_cut]
     if len(used) < 2:
         return moved
     index = Index(gpus)

@@ -340,3 +340,45 @@ def test_a_multinode_group_counts_as_one_replica():
     second = [Replica("llm-g1-0", "llm", "whole", "r2/0", 0, ReplicaState.STARTING),
               Replica("llm-g1-1", "llm", "whole", "r3/0", 0, ReplicaState.STARTING)]
     assert current_capacity(spec, ClusterState(gpus, tuple(members + second))) == (2, 8.0, True)
+
+
+def test_correction_learns_nothing_while_capacity_is_still_starting():
+    # Right after a scale-up the latency window still holds the backlog while
+    # capacity already counts the starting replica: not evidence about the table.
+    reps = (Replica("a-0", "a", PROFILE, "node-a/0", 0, ReplicaState.READY),
+            Replica("a-1", "a", PROFILE, "node-a/0", 1, ReplicaState.STARTING),
+            Replica("b-0", "b", PROFILE, "node-a/0", 2, ReplicaState.READY),
+            Replica("b-1", "b", PROFILE, "node-a/0", 3, ReplicaState.READY))
+    h = Harness(config(), single_gpu_cluster(replicas=reps))
+    h.step(0, {"a": sig("a", 70, 0, p99_ms=100.0), "b": sig("b", 100 / 1.2, 0)})
+    assert h.state.diagnostics["a"].correction == 1.0
+
+
+def test_correction_learns_nothing_from_a_replica_ready_less_than_a_window_ago():
+    cfg = config(long_window_s=60)
+    reps = (Replica("a-0", "a", PROFILE, "node-a/0", 0, ReplicaState.READY, since_s=0.0),
+            Replica("a-1", "a", PROFILE, "node-a/0", 1, ReplicaState.READY, since_s=30.0),
+            Replica("b-0", "b", PROFILE, "node-a/0", 2, ReplicaState.READY),
+            Replica("b-1", "b", PROFILE, "node-a/0", 3, ReplicaState.READY))
+    h = Harness(cfg, single_gpu_cluster(replicas=reps))
+    h.step(60, {"a": sig("a", 70, 60, p99_ms=100.0), "b": sig("b", 100 / 1.2, 60)})
+    assert h.state.diagnostics["a"].correction == 1.0  # a-1 ready for 30 s < 60 s
+    h.step(95, {"a": sig("a", 70, 95, p99_ms=100.0), "b": sig("b", 100 / 1.2, 95)})
+    assert h.state.diagnostics["a"].correction > 1.0  # steady for a window: it learns
+
+
+def test_panic_does_not_ratchet_a_saturation_guess():
+    # 100 req/s served on 100 req/s of capacity with 2000 queued: demand reads
+    # 100 + 2000 / 10 s = 300, a guess. It scales up on it but the panic does
+    # not keep it as a floor; a measured demand during the panic is kept.
+    h = Harness(config(), cluster(a=2))
+    b = {"b": sig("b", 100 / 1.2, 0)}
+    h.step(0, {"a": sig("a", 100, 0, pending=2000.0), **b})
+    p = h.state.panic["a"]
+    assert p.panicking and p.max_required_rps == 0.0
+    assert h.state.diagnostics["a"].required_rps == pytest.approx(360.0)
+    assert h.count("a") > 2
+    h.step(5, {"a": sig("a", 150, 5), **b})
+    assert h.state.panic["a"].panicking
+    # measured now (150 < 90% of the grown capacity): the window's (300 + 150) / 2 x 1.2 is kept
+    assert h.state.panic["a"].max_required_rps == pytest.approx(270.0)

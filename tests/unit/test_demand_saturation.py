@@ -69,3 +69,15 @@ def test_correction_relaxes_toward_one_when_healthy_and_never_below():
 def test_correction_still_rises_on_a_miss_within_capacity():
     f, learned = dm.update_correction(1.0, 300.0, 150.0, 0.8, False)
     assert learned and f == pytest.approx(math.exp(0.2 * math.log(2.0)))
+
+
+def test_a_saturation_guess_is_a_demand_above_the_served_rate_near_capacity():
+    # at capacity, the backlog or the pressure add to the served rate: a guess
+    assert dm.is_saturation_guess(sig(rate=100.0, pending=200.0), 10.0, capacity_rps=100.0)
+    assert dm.is_saturation_guess(sig(rate=100.0, q=90.0, c=30.0), 10.0, capacity_rps=105.0)
+    assert dm.is_saturation_guess(sig(rate=100.0, q=90.0, c=30.0), 10.0, capacity_rps=None)
+    # well below capacity the rate (plus backlog) is measured; nothing added is measured too
+    assert not dm.is_saturation_guess(sig(rate=100.0, pending=200.0), 10.0, capacity_rps=250.0)
+    assert not dm.is_saturation_guess(sig(rate=100.0), 10.0, capacity_rps=100.0)
+    assert not dm.is_saturation_guess(sig(rate=None, pending=5.0), 10.0, capacity_rps=100.0)
+    assert not dm.is_saturation_guess(None, 10.0, capacity_rps=100.0)

@@ -1,0 +1,103 @@
+"""Right-sizing after a burst: a replica left on an oversized profile is swapped
+for a smaller one when demand, stabilized over the scale-down window, allows.
+
+Scale-down removes whole replicas, so a model's last replica used to keep its
+burst-time profile for good (a 7g serving what a 2g serves). ``decide`` now asks
+the planner for the highest req/s required over the scale-down window when the
+replica count holds, and the planner swaps one replica per tick when that frees
+at least ``DOWNSIZE_MIN_SLICES`` compute slices, make-before-break.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from autoscaler.mig import Placement
+from autoscaler.policy.decide import PolicyConfig, PolicyState, decide
+from autoscaler.policy.planner import DOWNSIZE_MIN_SLICES, plan
+from autoscaler.policy.types import (
+    ActionKind,
+    ClusterState,
+    GpuState,
+    ModelSignals,
+    ModelSpec,
+    Observation,
+    Reason,
+    Replica,
+    ReplicaState,
+)
+
+PRODUCT = "A100-SXM4-80GB"
+CAPS = {"2g.20gb": 236.0, "3g.40gb": 364.0, "7g.80gb": 844.0}
+SPEC = ModelSpec("vit", CAPS, tuple(CAPS), min_replicas=1, max_replicas=8)
+
+
+def _cluster(profile: str = "7g.80gb", state: ReplicaState = ReplicaState.READY) -> ClusterState:
+    g0 = GpuState("g0", "n", PRODUCT, layout=(Placement(0, profile),))
+    g1 = GpuState("g1", "n", PRODUCT, layout=(Placement(0, "3g.40gb"), Placement(4, "3g.40gb")))
+    return ClusterState((g0, g1), (Replica("vit-0", "vit", profile, "g0", 0, state),))
+
+
+def _kinds(p) -> list[tuple[ActionKind, str | None]]:
+    return [(a.kind, a.profile) for a in p.actions if a.kind in (ActionKind.CREATE, ActionKind.DRAIN,
+                                                                   ActionKind.DELETE)]
+
+
+def test_a_lone_oversized_replica_is_swapped_for_the_smallest_profile_that_covers_demand():
+    p = plan([SPEC], {"vit": 300.0}, _cluster())
+    kinds = _kinds(p)
+    assert (ActionKind.CREATE, "3g.40gb") in kinds  # 7 -> 3 slices: covers 300 req/s
+    drains = [i for i, (k, _) in enumerate(kinds) if k is ActionKind.DRAIN]
+    assert drains and kinds.index((ActionKind.CREATE, "3g.40gb")) < drains[0]  # make before break
+    assert Reason.PROFILE_EFFICIENCY in p.reasons["vit"]
+    assert p.capacity_rps["vit"] >= 300.0
+
+
+def test_no_swap_when_the_saving_is_small_or_the_replica_is_not_ready():
+    # 3g -> 2g frees one slice: below the threshold, keep it
+    assert DOWNSIZE_MIN_SLICES > 1
+    p = plan([SPEC], {"vit": 200.0}, _cluster("3g.40gb"))
+    assert not _kinds(p)
+    # demand that needs the 7g: nothing smaller covers it
+    assert not _kinds(plan([SPEC], {"vit": 800.0}, _cluster()))
+    # a replica still starting is not judged yet
+    assert not _kinds(plan([SPEC], {"vit": 300.0}, _cluster(state=ReplicaState.STARTING)))
+
+
+def _obs(t: float, rps: float, cl: ClusterState) -> Observation:
+    sig = ModelSignals(model="vit", t_s=t, request_rate=rps, p99_ms=50.0, ready_replicas=1)
+    return Observation(t_s=t, cluster=cl, models={"vit": sig})
+
+
+def _targets(cfg: PolicyConfig, low_s: float) -> list[tuple[float, float]]:
+    """10 minutes at 600 req/s (needs the 7g), then 250 req/s for ``low_s``: (t, target req/s)."""
+    cl = _cluster()
+    state = PolicyState()
+    out = []
+    t = 0.0
+    for rps, n in ((600.0, 40), (250.0, int(low_s / 15))):
+        for _ in range(n):
+            p, state = decide(_obs(t, rps, cl), state, cfg, t, planner=plan)
+            out.append((t, p.target_rps["vit"]))
+            t += 15.0
+    return out
+
+
+def test_decide_asks_for_less_only_after_the_right_size_window():
+    cfg = PolicyConfig(models=(SPEC,), slo_p99_ms={"vit": 200.0}, tick_s=15.0, rightsize_window_s=1200.0)
+    targets = _targets(cfg, low_s=1800.0)
+    drop_t, window = 600.0, 1200.0
+    assert window > cfg.scale_down.stabilization_window_s
+    during = [v for ts, v in targets if drop_t <= ts < drop_t + window - 60]
+    after = [v for ts, v in targets if ts >= drop_t + window + 60]
+    # inside the window the 600 req/s requirement still holds the planner's target ...
+    assert min(during) >= 600.0
+    # ... after it, the target is what 250 req/s needs (with headroom), below the 7g's 844
+    assert max(after) < 844.0
+    assert max(after) == pytest.approx(250.0 * (1 + cfg.headroom), rel=0.05)
+
+
+def test_right_sizing_off_holds_the_running_capacity():
+    cfg = PolicyConfig(models=(SPEC,), slo_p99_ms={"vit": 200.0}, tick_s=15.0, rightsize_window_s=0.0)
+    targets = _targets(cfg, low_s=1800.0)
+    assert all(v == 844.0 for ts, v in targets if ts >= 600.0 + 400.0)

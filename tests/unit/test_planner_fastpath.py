@@ -1,0 +1,75 @@
+"""Scale-up fast path (``planner_urgent.place_urgent``): a running model short of
+its demand first takes empty MIG instances as they are cut now -- a replica there
+serves after a start delay, one behind a repartition minutes later."""
+
+from __future__ import annotations
+
+from autoscaler.mig import Placement
+from autoscaler.policy.planner import plan
+from autoscaler.policy.types import ActionKind, ClusterState, GpuState, ModelSpec, Replica, ReplicaState
+
+PRODUCT = "A100-SXM4-80GB"
+# 1g is the most efficient profile: the fewest-slices mix for more capacity is
+# all 1g, which no GPU below is cut for.
+CAPS = {"1g.10gb": 100.0, "3g.40gb": 250.0, "4g.40gb": 300.0, "7g.80gb": 500.0}
+SPEC = ModelSpec("m", CAPS, tuple(CAPS), min_replicas=1, max_replicas=32)
+RUNNING = Replica("m-0", "m", "7g.80gb", "g0", 0, ReplicaState.READY)
+
+
+def gpu(gid: str, *layout: Placement) -> GpuState:
+    return GpuState(gid, "n", PRODUCT, layout=tuple(layout))
+
+
+def reparts(p) -> set[str]:
+    return {a.gpu for a in p.actions if a.kind is ActionKind.REPARTITION}
+
+
+def creates(p) -> list[tuple[str, str, int]]:
+    return sorted((a.gpu, a.profile, a.start) for a in p.actions if a.kind is ActionKind.CREATE)
+
+
+def test_short_model_takes_free_instances_of_an_idle_gpu_without_repartition():
+    # g1 is idle and cut 4g + 3g; the model needs 500 req/s more. Fewest slices
+    # would be 5 x 1g (a repartition of g1); the fast path takes 3g + 4g as they are.
+    cl = ClusterState((gpu("g0", Placement(0, "7g.80gb")), gpu("g1", Placement(0, "4g.40gb"), Placement(4, "3g.40gb"))),
+                      (RUNNING,))
+    p = plan([SPEC], {"m": 1000.0}, cl)
+    assert not reparts(p)
+    assert creates(p) == [("g1", "3g.40gb", 4), ("g1", "4g.40gb", 0)]
+    assert p.capacity_rps["m"] >= 1000.0
+    assert not p.shortfall
+
+
+def test_a_gpu_with_a_fast_path_replica_keeps_its_layout_the_rest_goes_elsewhere():
+    # g1 has one free 4g and uncut space beside it; the model needs 800 more:
+    # 4g (300) now, the other 500 as 5 x 1g. Cutting them beside the 4g would
+    # hold the 4g replica's start for the repartition, so they go to g2.
+    cl = ClusterState((gpu("g0", Placement(0, "7g.80gb")), gpu("g1", Placement(0, "4g.40gb")), gpu("g2")), (RUNNING,))
+    p = plan([SPEC], {"m": 1300.0}, cl)
+    assert ("g1", "4g.40gb", 0) in creates(p)
+    assert reparts(p) == {"g2"}
+    assert p.capacity_rps["m"] >= 1300.0
+
+
+def test_under_a_churn_budget_the_create_that_needs_no_repartition_goes_first():
+    # g1 uncut, g2 cut with one free 4g: with room for one create this tick, the
+    # one that serves in a start delay (g2) is taken, not the one behind a repartition.
+    cl = ClusterState((gpu("g0", Placement(0, "7g.80gb")), gpu("g1"), gpu("g2", Placement(0, "4g.40gb"))), (RUNNING,))
+    p = plan([SPEC], {"m": 1300.0}, cl, churn_budget=1)
+    assert creates(p) == [("g2", "4g.40gb", 0)]
+    assert not reparts(p)
+
+
+def test_first_deployment_is_not_a_fast_path_it_packs_by_fewest_slices():
+    # Nothing runs yet: not urgent; 5 x 1g (5 slices) rather than 3g + 4g (7).
+    cl = ClusterState((gpu("g0", Placement(0, "7g.80gb")), gpu("g1", Placement(0, "4g.40gb"), Placement(4, "3g.40gb"))))
+    p = plan([SPEC], {"m": 500.0}, cl)
+    assert p.desired == {("m", "1g.10gb"): 5}
+
+
+def test_a_model_that_is_not_short_is_left_as_it_is():
+    cl = ClusterState((gpu("g0", Placement(0, "7g.80gb")), gpu("g1", Placement(0, "4g.40gb"), Placement(4, "3g.40gb"))),
+                      (RUNNING,))
+    p = plan([SPEC], {"m": 500.0}, cl)
+    assert not p.actions
+    assert p.desired == {("m", "7g.80gb"): 1}
