@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -110,6 +111,9 @@ class PrometheusServer:
         self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
         self._last: list[dict] | None = None
+        # Drain workers and the tick both rewrite the targets: one writer at a time,
+        # or two share the temp file and the second's rename finds it gone.
+        self._write_lock = threading.Lock()
 
     @property
     def mode(self) -> str:
@@ -139,14 +143,15 @@ class PrometheusServer:
     def write_targets(self, targets: Sequence[ScrapeTarget]) -> bool:
         """Atomically rewrite the file_sd file; False when nothing changed."""
         doc = render_file_sd(targets)
-        if doc == self._last and self.targets_file.exists():
-            return False
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.targets_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        os.replace(tmp, self.targets_file)
-        self._last = doc
-        return True
+        with self._write_lock:
+            if doc == self._last and self.targets_file.exists():
+                return False
+            self.dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.targets_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(doc, indent=1) + "\n")
+            os.replace(tmp, self.targets_file)
+            self._last = doc
+            return True
 
     def start(self, timeout_s: float = 30.0) -> None:
         if not self.binary:
