@@ -32,6 +32,9 @@ from autoscaler.observe.scrape import ScrapeSource
 
 from autoscaler.policy.types import ReplicaState
 
+# The local backend's emulated repartition takes no time (see act/local.py).
+LOCAL_REPARTITION_S = 0.0
+
 
 class LocalController:
     """Owns the loop and the metrics API around a started-or-not LocalCluster."""
@@ -49,7 +52,9 @@ class LocalController:
         self.models_cfg = models_cfg
         self.cluster_cfg = cluster_cfg
         self.specs = model_specs(models_cfg, cluster_cfg)
-        self.policy = policy_config(models_cfg, cluster_cfg)
+        # Emulated MIG: a repartition rewrites a declared layout at once, so the
+        # planner may cut the most efficient slices even in a burst (no fast path).
+        self.policy = policy_config(models_cfg, cluster_cfg, repartition_s=LOCAL_REPARTITION_S)
         self.slo_p99_ms = {m.name: float(m.slo.p99_ms) for m in models_cfg.models}
         self.api_state = ApiState(cluster_cfg.namespace)
         self.api: ServerHandle | None = None

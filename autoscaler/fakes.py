@@ -186,6 +186,7 @@ def stub_planner(
     *,
     churn_budget: int | None = None,
     now_s: float = 0.0,
+    fast_path: bool = True,  # accepted for the real planner's signature; the stub has no fast path
 ) -> Plan:
     """Naive planner: replicas of each model's first profile, ceil(demand / capacity),
     within min/max; removes the newest replicas first. No MIG geometry."""

@@ -71,7 +71,7 @@ def policy() -> PolicyConfig:
         models=(spec,), slo_p99_ms={"resnet": SLO_MS}, tick_s=2.0, headroom=0.2, short_window_s=6.0,
         long_window_s=12.0, churn_budget=8,
         scale_down=ScalingRules(20.0, SelectPolicy.MAX, (ScalingPolicy(PolicyType.PERCENT, 100, 15.0),)),
-        metrics_stale_s=30.0,
+        metrics_stale_s=30.0, repartition_s=1.0,  # emulated MIG on both sides
     )
 
 

@@ -17,7 +17,7 @@ capacity (req/s) a model needs, before the HPA stages and the planner.
   the capacity table was optimistic, so demand is inflated; when the model is
   busy yet far inside its SLO it deflates. Bounded to [0.5, 2]. ``decide``
   only lets it learn while the model's capacity is settled (no panic, every
-  replica READY for a long window): a burst's backlog is not a table error.
+  replica READY for a short window): a burst's backlog is not a table error.
 """
 
 from __future__ import annotations

@@ -128,8 +128,16 @@ def plan(
     *,
     churn_budget: int | None = None,
     now_s: float = 0.0,
+    fast_path: bool = True,
 ) -> Plan:
-    """Plan replicas, placements, layouts and actions for one tick (pure)."""
+    """Plan replicas, placements, layouts and actions for one tick (pure).
+
+    ``fast_path``: a running model short of its demand first takes empty
+    instances that exist now (``planner_urgent``), and creates that need no
+    repartition go first under the churn budget -- right when repartitions
+    take minutes (mig-manager); off where they are ~instant (the local
+    emulation), so bursts are met with the most efficient profiles.
+    """
     # A NaN/inf/non-number demand is not a demand: the model holds as if blind.
     invalid = {k for k, v in demand_rps.items() if not isinstance(v, (int, float)) or not math.isfinite(v)}
     demand_rps = {k: max(0.0, float(v)) for k, v in demand_rps.items() if k not in invalid}
@@ -175,7 +183,7 @@ def plan(
         def attempt(adds: Mapping[str, dict[str, int]] | None, work=work, removed=removed, reuse=False,
                     plain=False) -> Plan:
             return _attempt(cluster, models, demand_rps, specs, work, removed, adds, churn_budget, now_s,
-                            mn_models, reuse, plain)
+                            mn_models, reuse, plain, fast_path)
 
         best = attempt(None)
         if any(m.add for m in work.values()) and any(g.current for g in gpus):
@@ -268,7 +276,8 @@ def _plan_key(p: Plan) -> tuple:
 def _attempt(cluster: ClusterState, models: Sequence[ModelSpec], demand_rps: Mapping[str, float],
              specs: dict[str, ModelSpec], work0: dict[str, _Model], removed0: dict[str, Reason],
              adds: Mapping[str, dict[str, int]] | None, churn_budget: int | None, now_s: float,
-             mn_models: list[ModelSpec], reuse: bool = False, plain: bool = False) -> Plan:
+             mn_models: list[ModelSpec], reuse: bool = False, plain: bool = False,
+             fast_path: bool = True) -> Plan:
     """Place, repair and finish one candidate (sizing already done; ``adds`` overrides new mixes)."""
     gpus, by_id = _gpu_work(cluster)
     removed = dict(removed0)
@@ -292,7 +301,8 @@ def _attempt(cluster: ClusterState, models: Sequence[ModelSpec], demand_rps: Map
     # Multinode groups take whole RDMA GPUs before new MIG replicas are placed.
     groups = plan_multinode(mn_models, demand_rps, cluster, gpus, by_id, removed)
     # A running model short of its demand first takes empty instances as they are cut now.
-    place_urgent(work, gpus)
+    if fast_path:
+        place_urgent(work, gpus)
 
     total_new = sum(sum(m.add.values()) for m in work.values())
     placed_tier2: set[tuple[str, int]] = set()
@@ -332,6 +342,7 @@ def _attempt(cluster: ClusterState, models: Sequence[ModelSpec], demand_rps: Map
         churn_budget=churn_budget,
         demand_rps=demand_rps,
         specs=specs,
+        fast_first=fast_path,
     )
 
 

@@ -74,7 +74,7 @@ class _Create:
 
 def finish(*, now_s: float, cluster: ClusterState, gpus: list[GpuWork], work: dict, groups: Groups,
            removed: dict[str, Reason], placed_tier2: set, moved: set, churn_budget: int | None,
-           demand_rps: Mapping[str, float], specs: Mapping[str, ModelSpec]) -> Plan:
+           demand_rps: Mapping[str, float], specs: Mapping[str, ModelSpec], fast_first: bool = True) -> Plan:
     by_id = {g.id: g for g in gpus}
     replicas = {r.id: r for r in cluster.replicas}
     # ---- the full target
@@ -105,7 +105,8 @@ def finish(*, now_s: float, cluster: ClusterState, gpus: list[GpuWork], work: di
 
     # ---- churn budget
     removed = {rid: why for rid, why in removed.items() if rid in replicas}
-    sel_c, sel_d, deferred_models = _select(creates, removed, replicas, by_id, churn_budget, work, demand_rps, full_cap)
+    sel_c, sel_d, deferred_models = _select(creates, removed, replicas, by_id, churn_budget, work, demand_rps, full_cap,
+                                            fast_first)
     reasons: dict[str, list[Reason]] = {n: list(m.reasons) for n, m in work.items()}
     for n, rs in groups.reasons.items():
         reasons[n] = list(rs)
@@ -232,7 +233,7 @@ def finish(*, now_s: float, cluster: ClusterState, gpus: list[GpuWork], work: di
 
 def _select(creates: list[_Create], removed: dict[str, Reason], replicas: dict[str, Replica],
             by_id: dict[str, GpuWork], budget: int | None, work: dict, demand_rps: Mapping[str, float],
-            full_cap: dict[str, float]) -> tuple[set[int], set[str], set[str]]:
+            full_cap: dict[str, float], fast_first: bool = True) -> tuple[set[int], set[str], set[str]]:
     """Which creates / deletes happen this tick (all of them without a budget)."""
     if budget is None:
         return {c.order for c in creates}, set(removed), set()
@@ -290,7 +291,7 @@ def _select(creates: list[_Create], removed: dict[str, Reason], replicas: dict[s
     # Capacity that serves soonest first: a create on an instance that exists now
     # is ready in a start delay, one behind a repartition minutes later.
     growth.sort(key=lambda c: (-prio.get(c.model, 0), c.reason is Reason.PROFILE_EFFICIENCY,
-                               _needs_cut(by_id[c.gpu], c), c.order))
+                               fast_first and _needs_cut(by_id[c.gpu], c), c.order))
     for u in units(growth):
         take_create(u)
     for rid in sorted(removed, key=lambda r: (removed[r] in REPLACING, r)):

@@ -117,7 +117,9 @@ def simulate(
 
     specs = model_specs(models_cfg, cluster_cfg)
     slo = {m.name: float(m.slo.p99_ms) for m in models_cfg.models}
-    pcfg = policy_config(models_cfg, cluster_cfg, **dict(policy_overrides or {}))
+    # the policy knows how long this world's repartitions take (its fast path depends on it)
+    reparts = (sim or SimConfig()).repartition_delay_s
+    pcfg = policy_config(models_cfg, cluster_cfg, **{"repartition_s": reparts, **dict(policy_overrides or {})})
     return simulate_specs(specs, slo, initial_cluster_state(cluster_cfg), pcfg, trace, policy_name,
                           step_s, sim=sim, warmup_s=warmup_s, service_rps=measured_service_rates(models_cfg))
 

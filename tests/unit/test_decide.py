@@ -355,16 +355,16 @@ def test_correction_learns_nothing_while_capacity_is_still_starting():
 
 
 def test_correction_learns_nothing_from_a_replica_ready_less_than_a_window_ago():
-    cfg = config(long_window_s=60)
+    cfg = config(short_window_s=20, long_window_s=60)
     reps = (Replica("a-0", "a", PROFILE, "node-a/0", 0, ReplicaState.READY, since_s=0.0),
-            Replica("a-1", "a", PROFILE, "node-a/0", 1, ReplicaState.READY, since_s=30.0),
+            Replica("a-1", "a", PROFILE, "node-a/0", 1, ReplicaState.READY, since_s=50.0),
             Replica("b-0", "b", PROFILE, "node-a/0", 2, ReplicaState.READY),
             Replica("b-1", "b", PROFILE, "node-a/0", 3, ReplicaState.READY))
     h = Harness(cfg, single_gpu_cluster(replicas=reps))
     h.step(60, {"a": sig("a", 70, 60, p99_ms=100.0), "b": sig("b", 100 / 1.2, 60)})
-    assert h.state.diagnostics["a"].correction == 1.0  # a-1 ready for 30 s < 60 s
-    h.step(95, {"a": sig("a", 70, 95, p99_ms=100.0), "b": sig("b", 100 / 1.2, 95)})
-    assert h.state.diagnostics["a"].correction > 1.0  # steady for a window: it learns
+    assert h.state.diagnostics["a"].correction == 1.0  # a-1 ready for 10 s < the 20 s short window
+    h.step(75, {"a": sig("a", 70, 75, p99_ms=100.0), "b": sig("b", 100 / 1.2, 75)})
+    assert h.state.diagnostics["a"].correction > 1.0  # steady for a short window: it learns
 
 
 def test_panic_does_not_ratchet_a_saturation_guess():

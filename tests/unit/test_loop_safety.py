@@ -246,7 +246,7 @@ def two_gpu_loop():
     act = InFlightActuator(inv)
     seen = []
 
-    def planner(models, demand, cluster, *, churn_budget=None, now_s=0.0):
+    def planner(models, demand, cluster, *, churn_budget=None, now_s=0.0, fast_path=True):
         seen.append(cluster)
         plan = stub_planner(models, demand, cluster, churn_budget=churn_budget, now_s=now_s)
         home = {"a": "g0", "b": "g1"}  # each model grows on its own GPU

@@ -73,3 +73,31 @@ def test_a_model_that_is_not_short_is_left_as_it_is():
     p = plan([SPEC], {"m": 500.0}, cl)
     assert not p.actions
     assert p.desired == {("m", "7g.80gb"): 1}
+
+
+def test_without_the_fast_path_a_burst_is_met_with_the_fewest_slices():
+    # The local emulation repartitions at once: there the efficient 1g slices are worth cutting.
+    cl = ClusterState((gpu("g0", Placement(0, "7g.80gb")), gpu("g1", Placement(0, "4g.40gb"), Placement(4, "3g.40gb"))),
+                      (RUNNING,))
+    p = plan([SPEC], {"m": 1000.0}, cl, fast_path=False)
+    assert reparts(p) == {"g1"}
+    assert {prof for _, prof, _ in creates(p)} == {"1g.10gb"}
+    assert p.capacity_rps["m"] >= 1000.0
+
+
+def test_decide_turns_the_fast_path_on_only_for_slow_repartitions():
+    from autoscaler.policy.decide import FAST_PATH_MIN_REPARTITION_S, PolicyConfig, PolicyState, decide
+    from autoscaler.policy.types import ModelSignals, Observation
+
+    cl = ClusterState((gpu("g0", Placement(0, "7g.80gb")),), (RUNNING,))
+    obs = Observation(t_s=0.0, cluster=cl, models={"m": ModelSignals(model="m", t_s=0.0, request_rate=100.0)})
+    seen = []
+
+    def spy(*a, **k):
+        seen.append(k["fast_path"])
+        return plan(*a, **k)
+
+    for reparts_s in (180.0, FAST_PATH_MIN_REPARTITION_S, 0.0):
+        cfg = PolicyConfig(models=(SPEC,), slo_p99_ms={"m": 100.0}, repartition_s=reparts_s)
+        decide(obs, PolicyState(), cfg, 0.0, planner=spy)
+    assert seen == [True, True, False]
