@@ -209,7 +209,7 @@ def _observe_model(obs, state: PolicyState, cfg: PolicyConfig, spec: ModelSpec, 
         panic_cap = cap if cap > 0 else (best_replica_capacity(spec) or 0.0)
         panic = dm.update_panic(panic, short, panic_cap, cfg.panic_threshold, cfg.stable_window_s, now_s)
         util = observed * corr / cap if cap > 0 else None  # against the corrected table
-        if _settled(spec, obs.cluster, panic, now_s, cfg.short_window_s):
+        if dm.capacity_settled(spec.name, obs.cluster, panic, now_s, cfg.short_window_s):
             corr, _ = dm.update_correction(
                 corr, sig.p99_ms, cfg.slo_p99_ms.get(name), util, sig.latency_is_average, cfg.correction
             )
@@ -219,30 +219,6 @@ def _observe_model(obs, state: PolicyState, cfg: PolicyConfig, spec: ModelSpec, 
         else None
     )
     return sig, observed, hist, panic, corr, est, n, cap
-
-
-def _settled(spec: ModelSpec, cluster: ClusterState, panic: dm.PanicState, now_s: float, window_s: float) -> bool:
-    """May this tick's p99 teach the correction factor anything about the table?
-
-    Only when capacity has been steady for a while: not while panicking,
-    and every live replica READY for at least ``window_s`` (the short
-    window). Right after a burst the latency window still holds the backlog
-    of the minutes before, while ``cap`` already counts the new (starting)
-    replicas, so utilization reads low and the slow p99 looked like an
-    optimistic table: the factor went 1.0 -> 2.0 in six ticks and doubled
-    every requirement for minutes after the burst had been served. Not the
-    long window: where the table *is* optimistic (the demo's estimated
-    resnet capacity) each new replica restarted that wait, the factor never
-    learned during the burst and the p99 missed its SLO; with the short window
-    the 24 h benchmark is as good (4 seeds: 98.3% / 268.7 GPU-h vs 98.2% / 267.2).
-    """
-    if panic.panicking:
-        return False
-    return not any(
-        r.model == spec.name and r.state in _LIVE
-        and (r.state is not ReplicaState.READY or (r.since_s is not None and now_s - r.since_s < window_s))
-        for r in cluster.replicas
-    )
 
 
 def observe_only(obs: Observation, state: PolicyState, cfg: PolicyConfig, now_s: float) -> PolicyState:
