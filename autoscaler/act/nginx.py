@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoscaler.act.procs import stop_child
+from autoscaler.act.triton import port_listening
 
 NGINX_CANDIDATES = ("/usr/sbin/nginx", "/usr/bin/nginx", "/usr/local/sbin/nginx", "/usr/local/bin/nginx")
 # Old workers get this long to finish in-flight requests after a reload; the
@@ -237,15 +238,11 @@ class NginxFrontDoor:
                 start_new_session=True,
             )
         deadline = time.monotonic() + timeout_s
-        import socket
-
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise NginxError(f"nginx exited with {self.proc.returncode}: {self._tail()}")
-            with socket.socket() as s:
-                s.settimeout(0.2)
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
+            if port_listening(self.port):
+                return
             time.sleep(0.05)
         raise NginxError(
             f"nginx did not listen on 127.0.0.1:{self.port} within {timeout_s:.0f}s: {self._tail()}"

@@ -36,6 +36,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def port_listening(port: int, timeout_s: float = 0.2, host: str = "127.0.0.1") -> bool:
+    """Does something accept TCP connections on ``host:port`` now?"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout_s)
+        return s.connect_ex((host, port)) == 0
+
+
 @dataclass(frozen=True)
 class TritonPorts:
     http: int
@@ -236,10 +243,9 @@ class TritonProcess:
             ) as r:
                 if r.status != 200:
                     return False
-            with socket.create_connection(("127.0.0.1", self.ports.metrics), timeout=timeout_s):
-                return True
         except OSError:
             return False
+        return port_listening(self.ports.metrics, timeout_s)
 
     def wait_ready(self, timeout_s: float = 60.0) -> float:
         """Block until ready; returns seconds from start to ready. Raises TritonError."""
