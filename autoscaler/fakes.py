@@ -8,7 +8,7 @@
   ``next_error``, applies actions to the inventory's ClusterState, and can
   report ``converging()`` for a number of calls after each apply.
 - ``stub_planner``: a deliberately naive stand-in for
-  ``autoscaler.policy.planner.plan`` (one profile per model, no MIG geometry)
+  ``autoscaler.policy.planner.core.plan`` (one profile per model, no MIG geometry)
   for tests that exercise the loop rather than placement.
 """
 
@@ -130,7 +130,7 @@ class RecordingActuator:
         ids (the real planner names new replicas); otherwise a minimal version here.
         """
         try:
-            from autoscaler.policy.planner_actions import apply_plan_to_cluster
+            from autoscaler.policy.planner.actions import apply_plan_to_cluster
         except ImportError:  # planner not installed alongside: the minimal path below
             apply_plan_to_cluster = None
         if apply_plan_to_cluster is not None and all(

@@ -180,8 +180,8 @@ class OpenLoopLoad:
 
 
 def run_real(shape: Step, run_dir: Path) -> dict[str, Any]:
-    from autoscaler.act.local import LocalCluster
-    from autoscaler.act.local_replicas import ModelRuntime
+    from autoscaler.act.local.cluster import LocalCluster
+    from autoscaler.act.local.replicas import ModelRuntime
 
     c = LocalCluster(run_dir, {"resnet": ModelRuntime("resnet", REPO, "resnet")},
                      [GpuState(GPU, "node-a", PRODUCT, layout=initial_layout())], prometheus="auto")

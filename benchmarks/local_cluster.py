@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as th
 
-from autoscaler.act.emulation import emulation_env
-from autoscaler.act.local import LocalCluster
-from autoscaler.act.local_replicas import ModelRuntime
-from autoscaler.act.triton import TritonProcess
+from autoscaler.act.local.emulation import emulation_env
+from autoscaler.act.local.cluster import LocalCluster
+from autoscaler.act.local.replicas import ModelRuntime
+from autoscaler.act.local.triton import TritonProcess
 from autoscaler.policy.types import Action, ActionKind, GpuState, Reason
 
 ROOT = Path(__file__).resolve().parents[1]

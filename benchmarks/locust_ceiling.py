@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from autoscaler.act.triton import TritonProcess
+from autoscaler.act.local.triton import TritonProcess
 
 CONFIG = """name: "ident"
 backend: "python"

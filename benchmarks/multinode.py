@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as th
 
-from autoscaler.act.multinode import ProcessGroup
+from autoscaler.act.local.multinode import ProcessGroup
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO = ROOT / "triton_models"

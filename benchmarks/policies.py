@@ -19,7 +19,7 @@ simulator changes so a miss can be attributed (``"diagnostics"``).
 multiple of the oracle's, that a rule reacting to demand it saw ``lag_s`` ago
 (capacity = (1 + h) x the max over the last ``window_s``, h per model chosen
 with hindsight, perfect fractional packing, no queueing) needs to reach each
-attainment target on this trace (``policy/baselines.py: reactive_frontier``).
+attainment target on this trace (``sim/baselines.py: reactive_frontier``).
 A target a policy misses where this is far above the oracle is a cost of
 reacting, not of packing. ``null``: not reachable by that rule.
 
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoscaler.config import initial_cluster_state, model_specs, parse_cluster, parse_models
 from autoscaler.mig import get_product
-from autoscaler.policy import baselines as bl
+from autoscaler.sim import baselines as bl
 from autoscaler.sim import report, scenarios
 from autoscaler.sim import traces as tr
 from autoscaler.sim.cluster import SimConfig

@@ -1,7 +1,7 @@
 """Valid inference inputs for any Triton model, built from what the server says about it.
 
 Used by the locust users (``loadtests/triton_user.py``) and by ``migscale profile``
-(``autoscaler/profile.py``): both send traffic *into* the loop's observed system
+(``autoscaler/runtime/profile.py``): both send traffic *into* the loop's observed system
 and must not hard-code a model's tensors. The model's metadata gives names,
 datatypes and shapes; its config gives ``max_batch_size`` (> 0 means the first
 metadata dim is the batch dim, reported as -1). No locust import here, so the

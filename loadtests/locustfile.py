@@ -108,7 +108,7 @@ def _on_init(environment, **_kw) -> None:
     except (ValueError, OSError) as e:  # ShapeError, SloSpecError and bad weights are ValueErrors
         _fail(str(e))
         return
-    except Exception as e:  # noqa: BLE001 - autoscaler.config.ConfigError lists its problems
+    except Exception as e:  # noqa: BLE001 - autoscaler.config.schema.ConfigError lists its problems
         problems = getattr(e, "problems", None)
         _fail("; ".join(problems) if problems else f"{type(e).__name__}: {e}")
         return

@@ -193,7 +193,7 @@ def targets_from_models(
     only: Iterable[str] | None = None,
     max_error_rate: float = 0.01,
 ) -> dict[str, SloTarget]:
-    """SLO targets from ``models.yaml`` (via ``autoscaler.config.load_models``), then overrides."""
+    """SLO targets from ``models.yaml`` (via ``autoscaler.config.schema.load_models``), then overrides."""
     base: dict[str, dict[str, float | None]] = {}
     if models_yaml:
         from autoscaler.config import load_models

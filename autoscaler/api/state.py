@@ -16,7 +16,7 @@ Object naming (what ``k8s/`` and the Kubernetes actuator use):
   (``resnet`` on ``1g.10gb`` -> ``resnet-1g-10gb``);
 * LeaderWorkerSet per multinode model: ``{model}``;
 * pods are named by replica id and carry the labels the rendered workload
-  gives its pods (``autoscaler.act.k8s_render.labels``: ``app.kubernetes.io/
+  gives its pods (``autoscaler.act.kubernetes.render.labels``: ``app.kubernetes.io/
   managed-by=migscale``, ``app.kubernetes.io/name=migscale``,
   ``app.kubernetes.io/component=triton``, ``migscale.io/model``,
   ``migscale.io/profile``) plus ``migscale.io/deployment=<workload name>``, so
@@ -37,8 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoscaler.act.k8s_render import LWS_WORKER_INDEX, MODEL_LABEL, PROFILE_LABEL
-from autoscaler.act.k8s_render import labels as k8s_labels
+from autoscaler.act.kubernetes.render import LWS_WORKER_INDEX, MODEL_LABEL, PROFILE_LABEL
+from autoscaler.act.kubernetes.render import labels as k8s_labels
 from autoscaler.api import signals as sig
 from autoscaler.api.quantity import to_milli
 from autoscaler.api.views import (

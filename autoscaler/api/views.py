@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any
 
-from autoscaler.act.k8s_render import workload_name
+from autoscaler.act.kubernetes.render import workload_name
 from autoscaler.mig.layout import Placement
 from autoscaler.mig.products import PRODUCTS
 from autoscaler.policy.types import (

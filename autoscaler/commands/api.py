@@ -49,9 +49,9 @@ def _feeder(state: Any, models_cfg: Any, cluster_cfg: Any, prometheus: str, inve
     cfg = policy_config(models_cfg, cluster_cfg)
     source = PrometheusSource(prometheus, metrics_stale_s=cfg.metrics_stale_s)
     if inventory == "kubernetes":
-        from autoscaler.act.k8s_client import KubeRest
-        from autoscaler.act.k8s_inventory import KubeInventory
-        from autoscaler.act.k8s_render import RenderConfig
+        from autoscaler.act.kubernetes.client import KubeRest
+        from autoscaler.act.kubernetes.inventory import KubeInventory
+        from autoscaler.act.kubernetes.render import RenderConfig
 
         kube = KubeInventory(KubeRest.connect(user_agent="migscale-api"),
                              RenderConfig(namespace=cluster_cfg.namespace))

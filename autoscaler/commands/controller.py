@@ -1,6 +1,6 @@
 """``migscale controller``: the control loop on a Kubernetes cluster (the controller pod's command).
 
-Wires :class:`autoscaler.k8s_controller.KubernetesController`: the Kubernetes
+Wires :class:`autoscaler.runtime.kubernetes.KubernetesController`: the Kubernetes
 backend (in-cluster config, kubeconfig, or ``--kube-host``), Prometheus as the
 metrics source, the leader-elected loop, and the metrics API the HPA reads
 through the APIService registrations -- all in one process, so the values
@@ -106,7 +106,7 @@ def cluster_client_ca(rest: Any, tls: Any) -> Any:
     import tempfile
     from pathlib import Path
 
-    from autoscaler.act.k8s_client import KubeError
+    from autoscaler.act.kubernetes.client import KubeError
 
     where = f"{AUTH_CM[0]}/{AUTH_CM[1]}"
     try:
@@ -266,10 +266,10 @@ def register(app: typer.Typer) -> None:
         )
         models_cfg, cluster_cfg = load_for_cluster(models, cluster)
 
-        from autoscaler.act.k8s_config import build_backend
+        from autoscaler.act.kubernetes.config import build_backend
         from autoscaler.clock import WallClock
         from autoscaler.config import model_specs
-        from autoscaler.k8s_controller import KubernetesController
+        from autoscaler.runtime.kubernetes import KubernetesController
 
         clock = WallClock()
         identity = identity or os.environ.get("POD_NAME") or socket.gethostname()

@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
 
         Example: migscale demo examples/models.yaml examples/cluster.yaml --results demo-results
         """
-        from autoscaler.demo import run_demo
+        from autoscaler.runtime.demo import run_demo
 
         models_cfg, cluster_cfg = load_or_exit(models, cluster)
         raise typer.Exit(run_demo(models, models_cfg, cluster_cfg, results, live=live, reaction_s=reaction_s))

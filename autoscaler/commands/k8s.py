@@ -1,7 +1,7 @@
 """``migscale render``: print every Kubernetes object the backend would apply.
 
 The review step before ``kubectl apply`` (or before letting the controller
-act): it builds the same dicts ``act/kubernetes.py`` sends, for the replica
+act): it builds the same dicts ``act/kubernetes/backend.py`` sends, for the replica
 counts the planner picks for a demand file (or each model's ``min_replicas``
 when no demand is given), and prints them as multi-document YAML. Nothing
 here talks to a cluster.
@@ -15,9 +15,9 @@ from typing import Annotated
 import typer
 import yaml
 
-from autoscaler.act.k8s_config import mig_configs, render_config
-from autoscaler.act.k8s_migparted import mig_parted_configmap
-from autoscaler.act.k8s_render import min_replicas_desired, render_all
+from autoscaler.act.kubernetes.config import mig_configs, render_config
+from autoscaler.act.kubernetes.migparted import mig_parted_configmap
+from autoscaler.act.kubernetes.render import min_replicas_desired, render_all
 from autoscaler.commands._common import fail, load_or_exit
 from autoscaler.config import ClusterConfig, ConfigError, initial_cluster_state, load_demand, model_specs
 from autoscaler.policy.types import ModelSpec

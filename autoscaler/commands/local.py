@@ -21,9 +21,9 @@ from pathlib import Path
 
 import typer
 
-from autoscaler.act.local import LocalCluster
-from autoscaler.act.local_pids import ProcRecord, load_records, stop_recorded, write_json_atomic
-from autoscaler.act.local_setup import SetupError, cluster_from_config, initial_actions
+from autoscaler.act.local.cluster import LocalCluster
+from autoscaler.act.local.pids import ProcRecord, load_records, stop_recorded, write_json_atomic
+from autoscaler.act.local.setup import SetupError, cluster_from_config, initial_actions
 from autoscaler.commands._common import fail, load_or_exit
 from autoscaler.config import ClusterConfig, ModelsConfig
 from autoscaler.status import render_table
@@ -168,7 +168,7 @@ def register(app: typer.Typer) -> None:
 
         old = {s: signal.signal(s, _stop) for s in (signal.SIGINT, signal.SIGTERM)}
         # The control loop (observe -> decide -> act) and the metrics API / web view.
-        from autoscaler.controller import LocalController
+        from autoscaler.runtime.local import LocalController
 
         ctl = LocalController(lc, models_cfg, cluster_cfg)
         try:

@@ -1,6 +1,6 @@
 """CLI: ``migscale plan MODELS CLUSTER --demand DEMAND.yaml [--json]`` -- one planner call.
 
-The planner (``autoscaler.policy.planner.plan``) run once on the cluster as
+The planner (``autoscaler.policy.planner.core.plan``) run once on the cluster as
 ``cluster.yaml`` declares it (initial layouts, no replicas yet), for the
 demand in ``DEMAND.yaml`` (model -> req/s, before headroom; the policy's
 ``headroom`` is added as the control loop does). Prints the assignments, the

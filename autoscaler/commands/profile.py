@@ -2,7 +2,7 @@
 
 Before the loop: the planner trusts these numbers. For each model x profile a
 real replica is started (an emulated slice here; a real MIG instance when NVML
-finds one of that profile), swept by ``autoscaler.profile``, and stopped.
+finds one of that profile), swept by ``autoscaler.runtime.profile``, and stopped.
 Exit codes: 0 all models have a capacity; 2 bad input; 3 some model's SLO is
 met by no profile (the file is still written for the others).
 """
@@ -18,7 +18,7 @@ import typer
 import yaml
 
 from autoscaler.commands._common import fail, load_or_exit
-from autoscaler.profile import (
+from autoscaler.runtime.profile import (
     PointRule,
     ProfileResult,
     TritonMeasurer,
@@ -69,7 +69,7 @@ def _emulated_slot(cluster: Any, profile: str) -> tuple[str, str, int] | None:
 
 
 def _replica_env(cluster: Any, profile: str, model: str) -> tuple[dict[str, str], str] | None:
-    from autoscaler.act.emulation import emulation_env, real_mig_env
+    from autoscaler.act.local.emulation import emulation_env, real_mig_env
 
     uuid = _real_mig_uuid(profile)
     if uuid:
@@ -82,7 +82,7 @@ def _replica_env(cluster: Any, profile: str, model: str) -> tuple[dict[str, str]
 
 
 def _allowed_profiles(models_cfg: Any, cluster_cfg: Any) -> dict[str, list[str]]:
-    from autoscaler.config_build import _usable_profiles  # the same rule model_specs applies
+    from autoscaler.config.build import _usable_profiles  # the same rule model_specs applies
 
     return {m.name: _usable_profiles(m, cluster_cfg) for m in models_cfg.models if m.backend == "mig"}
 
@@ -98,7 +98,7 @@ def run_profile(
 ) -> list[ProfileResult]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from autoscaler.act.triton import TritonError, TritonProcess
+    from autoscaler.act.local.triton import TritonError, TritonProcess
 
     levels = concurrency_levels(max_concurrency)
     results: list[ProfileResult] = []

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from autoscaler.policy import demand as dm
 from autoscaler.policy import hpa
-from autoscaler.policy.planner_multinode import group_of
+from autoscaler.policy.planner.multinode import group_of
 from autoscaler.policy.types import ClusterState, ModelSpec, Observation, Plan, Reason, ReplicaState
 
 PlannerFn = Callable[..., Plan]
@@ -352,7 +352,7 @@ def decide(
     *,
     planner: PlannerFn | None = None,
 ) -> tuple[Plan, PolicyState]:
-    """One pure decision. ``planner`` defaults to ``autoscaler.policy.planner.plan``."""
+    """One pure decision. ``planner`` defaults to ``autoscaler.policy.planner.core.plan``."""
     plan_fn = planner or _default_planner()
     demand, panic, corr = dict(state.demand), dict(state.panic), dict(state.correction)
     recs, events = dict(state.recommendations), dict(state.scale_events)

@@ -2,7 +2,7 @@
 
 Place in the loop: this is the clock and the wiring. Every ``tick_s`` it runs
 the policy's tick (the production ``ControlLoop`` for ``migscale``, the
-``policy/baselines.py`` functions for the HPA baselines); between ticks it
+``sim/baselines.py`` functions for the HPA baselines); between ticks it
 advances ``SimCluster`` in ``step_s`` steps at the trace's rates. It decides
 nothing itself.
 
@@ -33,7 +33,7 @@ import numpy as np
 
 from autoscaler.clock import VirtualClock
 from autoscaler.mig import Placement, get_product
-from autoscaler.policy import baselines as bl
+from autoscaler.sim import baselines as bl
 from autoscaler.policy.types import ClusterState, GpuState, ModelSpec, Replica, ReplicaState
 from autoscaler.sim.cluster import SimCluster, SimConfig
 from autoscaler.sim.traces import Trace

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from autoscaler.act.local_pids import load_records
+from autoscaler.act.local.pids import load_records
 from autoscaler.config import load_cluster, load_models
-from autoscaler.demo import DemoScript, run_demo
+from autoscaler.runtime.demo import DemoScript, run_demo
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,8 @@ from autoscaler.policy.types import Action, ActionKind, GpuState, ModelSpec, Rea
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
-local = pytest.importorskip("autoscaler.act.local")
-replicas_mod = pytest.importorskip("autoscaler.act.local_replicas")
+local = pytest.importorskip("autoscaler.act.local.cluster")
+replicas_mod = pytest.importorskip("autoscaler.act.local.replicas")
 
 REPO = Path(__file__).resolve().parents[2] / "triton_models"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"

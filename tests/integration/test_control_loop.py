@@ -23,8 +23,8 @@ import tritonclient.http as th
 import yaml
 from _support import wait_until
 
-from autoscaler.act.local import LocalCluster
-from autoscaler.act.local_replicas import ModelRuntime
+from autoscaler.act.local.cluster import LocalCluster
+from autoscaler.act.local.replicas import ModelRuntime
 from autoscaler.clock import WallClock
 from autoscaler.loop import ControlLoop
 from autoscaler.observe.prometheus import PrometheusSource

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.act.triton import TritonProcess
+from autoscaler.act.local.triton import TritonProcess
 
 pytestmark = pytest.mark.integration
 

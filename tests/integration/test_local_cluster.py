@@ -24,8 +24,8 @@ import pytest
 import tritonclient.http as th
 from _support import wait_until
 
-from autoscaler.act.local import LocalCluster
-from autoscaler.act.local_replicas import ModelRuntime
+from autoscaler.act.local.cluster import LocalCluster
+from autoscaler.act.local.replicas import ModelRuntime
 from autoscaler.mig.layout import Placement
 from autoscaler.policy.types import Action, ActionKind, GpuState, Reason, ReplicaState
 

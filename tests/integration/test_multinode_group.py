@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from autoscaler.act.multinode import ProcessGroup
+from autoscaler.act.local.multinode import ProcessGroup
 
 pytestmark = pytest.mark.integration
 

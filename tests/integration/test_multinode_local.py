@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 import tritonclient.http as th
 
-from autoscaler.act.local import LocalCluster
-from autoscaler.act.local_pids import load_records, stop_recorded
-from autoscaler.act.local_replicas import ModelRuntime
+from autoscaler.act.local.cluster import LocalCluster
+from autoscaler.act.local.pids import load_records, stop_recorded
+from autoscaler.act.local.replicas import ModelRuntime
 from autoscaler.policy.planner import plan
 from autoscaler.policy.types import ActionKind, GpuState, ModelSpec, ReplicaState
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autoscaler.act.emulation import expected_batch_ms
+from autoscaler.act.local.emulation import expected_batch_ms
 from autoscaler.config import load_capacity_file
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from crdschema import validate_crd_object
 from fakeapi import FakeKube
 
-from autoscaler.act.k8s_client import KubeRest
+from autoscaler.act.kubernetes.client import KubeRest
 
 
 @pytest.fixture

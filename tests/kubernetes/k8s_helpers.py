@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autoscaler.act.k8s_render import RenderConfig
+from autoscaler.act.kubernetes.render import RenderConfig
 from autoscaler.policy.types import Cost, ModelSpec, Plan
 
 NS = "default"

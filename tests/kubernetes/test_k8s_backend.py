@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from k8s_helpers import CFG, LLM, NS, RESNET, gpu_node, plan, pod
 
-from autoscaler.act.k8s_client import KubeError
-from autoscaler.act.kubernetes import KubernetesBackend
+from autoscaler.act.kubernetes.client import KubeError
+from autoscaler.act.kubernetes.backend import KubernetesBackend
 from autoscaler.policy.types import Action, ActionKind, Reason, ReplicaState
 
 

@@ -19,12 +19,12 @@ import pytest
 from k8s_helpers import gpu_node
 from typer.testing import CliRunner
 
-from autoscaler.act.k8s_config import build_backend
+from autoscaler.act.kubernetes.config import build_backend
 from autoscaler.cli import app
 from autoscaler.clock import VirtualClock
 from autoscaler.config import load_cluster, load_models, model_specs
 from autoscaler.fakes import FakeMetricsSource
-from autoscaler.k8s_controller import KubernetesController
+from autoscaler.runtime.kubernetes import KubernetesController
 from autoscaler.observe.queries import Queries
 from autoscaler.policy.types import ActionKind
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from k8s_helpers import CFG, NS, RESNET, plan
 
-from autoscaler.act.k8s_leader import LeaseElector
-from autoscaler.act.kubernetes import KubernetesBackend
+from autoscaler.act.kubernetes.leader import LeaseElector
+from autoscaler.act.kubernetes.backend import KubernetesBackend
 from autoscaler.clock import VirtualClock
 
 
@@ -67,7 +67,7 @@ def test_release_lets_a_follower_in_without_waiting(fake, connect):
 def test_build_backend_from_cluster_yaml_is_leader_elected(fake):
     from pathlib import Path
 
-    from autoscaler.act.k8s_config import build_backend
+    from autoscaler.act.kubernetes.config import build_backend
     from autoscaler.config import load_cluster, load_models, model_specs
 
     ex = Path(__file__).resolve().parents[2] / "examples"

@@ -10,9 +10,9 @@ import yaml
 from crdschema import validate_any
 from typer.testing import CliRunner
 
-from autoscaler.act.k8s_config import mig_configs, render_config
-from autoscaler.act.k8s_migparted import mig_config_entry, mig_config_name, mig_parted_configmap
-from autoscaler.act.k8s_render import (
+from autoscaler.act.kubernetes.config import mig_configs, render_config
+from autoscaler.act.kubernetes.migparted import mig_config_entry, mig_config_name, mig_parted_configmap
+from autoscaler.act.kubernetes.render import (
     OwnerRef,
     RenderConfig,
     render_all,

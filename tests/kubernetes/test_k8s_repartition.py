@@ -5,9 +5,9 @@ from __future__ import annotations
 import yaml
 from k8s_helpers import CFG, RESNET, gpu_node, pod
 
-from autoscaler.act.k8s_render import MIG_CONFIG_LABEL, MIG_STATE_LABEL
-from autoscaler.act.k8s_repartition import Repartitioner
-from autoscaler.act.kubernetes import KubernetesBackend
+from autoscaler.act.kubernetes.render import MIG_CONFIG_LABEL, MIG_STATE_LABEL
+from autoscaler.act.kubernetes.repartition import Repartitioner
+from autoscaler.act.kubernetes.backend import KubernetesBackend
 from autoscaler.clock import VirtualClock
 from autoscaler.mig.layout import Placement
 from autoscaler.policy.types import Action, ActionKind, Reason

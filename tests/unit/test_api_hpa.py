@@ -113,7 +113,7 @@ def test_through_the_api_for_many_deployments():
 
 def test_the_rendered_hpa_reads_the_rendered_deployments_pods():
     """The shipped manifests and this API agree: HPA metric name, target, and pod selector."""
-    from autoscaler.act.k8s_render import RenderConfig, deployment, hpa
+    from autoscaler.act.kubernetes.render import RenderConfig, deployment, hpa
     from autoscaler.api.synthetic import demo_models, demo_tick
 
     spec = demo_models()[0]  # resnet

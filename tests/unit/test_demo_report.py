@@ -4,8 +4,8 @@ import csv
 
 import pytest
 
-from autoscaler.demo import DemoScript
-from autoscaler.demo_report import (
+from autoscaler.runtime.demo import DemoScript
+from autoscaler.runtime.demo_report import (
     Sample,
     locust_p99_history,
     reaction_windows,

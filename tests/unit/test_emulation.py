@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.act.emulation import curve_kind, emulation_env, expected_batch_ms, real_mig_env
+from autoscaler.act.local.emulation import curve_kind, emulation_env, expected_batch_ms, real_mig_env
 
 REPO = Path(__file__).resolve().parents[2] / "triton_models"
 MODELS = ("resnet", "bert", "rnn")

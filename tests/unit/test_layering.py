@@ -110,7 +110,7 @@ def _pure_modules() -> list[Path]:
         ("import time as t\n", "time"),
         ("def f():\n    import kubernetes.client\n", "kubernetes.client"),
         ("from autoscaler import loop\n", "autoscaler.loop"),
-        ("from autoscaler.act.triton import TritonProcess\n", "autoscaler.act.triton"),
+        ("from autoscaler.act.local.triton import TritonProcess\n", "autoscaler.act.local.triton"),
         ("from ..observe import prometheus\n", "autoscaler.observe"),
         ("import importlib\nimportlib.import_module('tritonclient.http')\n", "tritonclient.http"),
         ("x = __import__('requests')\n", "requests"),

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.act.nginx import DoorConfig, Route, find_nginx, render_config
-from autoscaler.act.prometheus import ScrapeTarget, render_file_sd
-from autoscaler.act.prometheus import render_config as render_prom
+from autoscaler.act.local.nginx import DoorConfig, Route, find_nginx, render_config
+from autoscaler.act.local.prometheus import ScrapeTarget, render_file_sd
+from autoscaler.act.local.prometheus import render_config as render_prom
 
 
 def _cfg(tmp_path: Path, routes) -> str:

@@ -1,4 +1,4 @@
-"""Unit cases for the MIG planner (autoscaler.policy.planner) and its MILP reference."""
+"""Unit cases for the MIG planner (autoscaler.policy.planner.core) and its MILP reference."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from autoscaler.mig import Placement, check_layout, get_product
 from autoscaler.policy.milp import solve
 from autoscaler.policy.planner import apply_plan_to_cluster, group_of, plan
-from autoscaler.policy.planner_sizing import ProfileOption, cover
+from autoscaler.policy.planner.sizing import ProfileOption, cover
 from autoscaler.policy.types import (
     ActionKind,
     ClusterState,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoscaler.profile import (
+from autoscaler.runtime.profile import (
     ProfileResult,
     StopReason,
     SweepPoint,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 
-from autoscaler.act.prometheus import PrometheusServer, ScrapeTarget
+from autoscaler.act.local.prometheus import PrometheusServer, ScrapeTarget
 
 
 def test_concurrent_target_writes_do_not_collide(tmp_path):

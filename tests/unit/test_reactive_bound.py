@@ -1,4 +1,4 @@
-"""The reactive bound (``policy/baselines.py: reactive_frontier``): what a windowed-max
+"""The reactive bound (``sim/baselines.py: reactive_frontier``): what a windowed-max
 reactive rule needs, in GPU-hours, to reach an attainment target -- checked against
 hand-derived cases and against a step-by-step replay of the rule itself."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from autoscaler.config import model_specs, parse_cluster, parse_models
 from autoscaler.mig import get_product
-from autoscaler.policy import baselines as bl
+from autoscaler.sim import baselines as bl
 from autoscaler.sim import scenarios as sc
 
 PRODUCT = "A100-SXM4-80GB"

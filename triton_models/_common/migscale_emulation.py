@@ -1,7 +1,7 @@
 """Emulated MIG-slice accelerator time for the example models (runs inside the Triton Python stub).
 
 On a machine without a MIG GPU each replica is told which slice it pretends to
-run on (``MIGSCALE_PROFILE_KIND``, set by ``autoscaler.act.emulation``). After
+run on (``MIGSCALE_PROFILE_KIND``, set by ``autoscaler.act.local.emulation``). After
 the model's real numpy work, the batch is held until the slice's measured
 latency for that batch size has passed: ``batch1_ms[kind] + (batch-1) *
 per_item_ms[kind]`` from the model's ``emulation.json``. The wait is a sleep,

@@ -1,6 +1,6 @@
 """A non-leader rank of the llm group: join the process group, follow rank 0 until told to stop.
 
-Started by the local multinode backend (autoscaler/act/multinode.py) with
+Started by the local multinode backend (autoscaler/act/local/multinode.py) with
 MIGSCALE_GROUP_RANK / MIGSCALE_GROUP_SIZE / MIGSCALE_GROUP_ADDR. It prints
 "joined" once the group is formed so the supervisor can tell a member is up.
 """

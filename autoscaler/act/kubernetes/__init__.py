@@ -1,0 +1,1 @@
+"""The Kubernetes backend: render, REST client, inventory, repartition, leases."""

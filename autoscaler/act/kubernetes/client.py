@@ -1,0 +1,290 @@
+"""A thin dict-in, dict-out layer over the official ``kubernetes`` client.
+
+Part of the Kubernetes backend's "act" edge: ``kubernetes.py``,
+``k8s_inventory.py``, ``k8s_repartition.py`` and ``k8s_leader.py`` talk to
+the API server only through ``KubeRest``. It keeps the client's
+configuration, auth and TLS handling (kubeconfig or in-cluster service
+account) but sends and returns plain dicts, so the objects built by
+``k8s_render`` go out exactly as rendered and CRD kinds (LeaderWorkerSet,
+PodMonitor) need no generated models.
+
+``apply_object`` is create-or-replace with optimistic concurrency: it reads
+the live object, refuses to touch one that migscale does not own, and retries
+when the API server answers 409 because someone wrote in between.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from autoscaler.act.kubernetes.render import MANAGED_BY, MANAGER
+
+Obj = dict[str, Any]
+
+# (apiVersion, kind) -> (plural, namespaced)
+KINDS: dict[tuple[str, str], tuple[str, bool]] = {
+    ("v1", "Node"): ("nodes", False),
+    ("v1", "Namespace"): ("namespaces", False),
+    ("v1", "Pod"): ("pods", True),
+    ("v1", "Service"): ("services", True),
+    ("v1", "ConfigMap"): ("configmaps", True),
+    ("apps/v1", "Deployment"): ("deployments", True),
+    ("policy/v1", "PodDisruptionBudget"): ("poddisruptionbudgets", True),
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): ("horizontalpodautoscalers", True),
+    ("coordination.k8s.io/v1", "Lease"): ("leases", True),
+    ("monitoring.coreos.com/v1", "PodMonitor"): ("podmonitors", True),
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): ("leaderworkersets", True),
+}
+
+
+class KubeError(Exception):
+    """An API call failed; ``status`` is the HTTP code (0 when no answer came)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class NotOwned(KubeError):
+    """The object exists but is not labelled ``app.kubernetes.io/managed-by: migscale``."""
+
+
+def path_for(
+    api_version: str, kind: str, namespace: str | None, name: str | None = None, sub: str | None = None
+) -> str:
+    try:
+        plural, namespaced = KINDS[(api_version, kind)]
+    except KeyError:
+        raise KubeError(0, f"kind {api_version}/{kind} is not known to migscale's client") from None
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    if namespaced and namespace is not None:
+        base += f"/namespaces/{namespace}"
+    base += f"/{plural}"
+    if name is not None:
+        base += f"/{name}"
+    if sub is not None:
+        base += f"/{sub}"
+    return base
+
+
+def owned(obj: Obj | None) -> bool:
+    return bool(obj) and ((obj.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY) == MANAGER
+
+
+def is_subset(want: Any, have: Any) -> bool:
+    """True when every field of ``want`` is present and equal in ``have``.
+
+    The live object carries server defaults (clusterIP, imagePullPolicy, ...),
+    so equality would always fail; a subset check finds "nothing to do".
+    """
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(is_subset(v, have.get(k)) for k, v in want.items())
+    if isinstance(want, list):
+        return (
+            isinstance(have, list)
+            and len(want) == len(have)
+            and all(is_subset(a, b) for a, b in zip(want, have))
+        )
+    if (
+        isinstance(want, (int, float))
+        and isinstance(have, str)
+        or isinstance(want, str)
+        and isinstance(have, (int, float))
+    ):
+        return str(want) == str(have)  # quantities come back as strings
+    return want == have
+
+
+class KubeRest:
+    def __init__(self, api_client: k8s.ApiClient) -> None:
+        self.api = api_client
+
+    @classmethod
+    def connect(cls, host: str | None = None, user_agent: str | None = None) -> KubeRest:
+        """``host`` for a plain endpoint (tests); else in-cluster config, then kubeconfig."""
+        if host is not None:
+            conf = k8s.Configuration()
+            conf.host = host
+        else:
+            from kubernetes import config as k8s_config
+
+            conf = k8s.Configuration()
+            try:
+                k8s_config.load_incluster_config(client_configuration=conf)
+            except k8s_config.ConfigException:
+                k8s_config.load_kube_config(client_configuration=conf)
+        api = k8s.ApiClient(conf)
+        if user_agent:
+            api.user_agent = user_agent
+        return cls(api)
+
+    def close(self) -> None:
+        self.api.close()
+
+    # ------------------------------------------------------------ raw
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Iterable[tuple[str, str]] = (),
+        body: Obj | None = None,
+        content_type: str = "application/json",
+    ) -> Obj:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        m, url, hdrs, b, _ = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list(query),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            resp = self.api.call_api(m, url, header_params=hdrs, body=b, _request_timeout=30)
+            resp.read()
+        except ApiException as exc:
+            raise KubeError(exc.status or 0, f"{method} {path}: {exc.reason}") from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:  # no answer at all
+            raise KubeError(0, f"{method} {path}: {exc}") from None
+        data = resp.data or b""
+        payload = json.loads(data) if data else {}
+        if not 200 <= resp.status < 300:
+            msg = payload.get("message") if isinstance(payload, dict) else None
+            raise KubeError(resp.status, f"{method} {path}: {resp.status} {msg or resp.reason}")
+        return payload
+
+    # ------------------------------------------------------------ verbs
+
+    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Obj | None:
+        try:
+            return self.request("GET", path_for(api_version, kind, namespace, name))
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[Obj]:
+        q = []
+        if label_selector:
+            q.append(("labelSelector", label_selector))
+        if field_selector:
+            q.append(("fieldSelector", field_selector))
+        return list(self.request("GET", path_for(api_version, kind, namespace), query=q).get("items") or [])
+
+    def create(self, obj: Obj) -> Obj:
+        meta = obj["metadata"]
+        return self.request("POST", path_for(obj["apiVersion"], obj["kind"], meta.get("namespace")), body=obj)
+
+    def replace(self, obj: Obj) -> Obj:
+        meta = obj["metadata"]
+        return self.request(
+            "PUT", path_for(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"]), body=obj
+        )
+
+    def merge_patch(self, api_version: str, kind: str, namespace: str | None, name: str, patch: Obj) -> Obj:
+        return self.request(
+            "PATCH",
+            path_for(api_version, kind, namespace, name),
+            body=patch,
+            content_type="application/merge-patch+json",
+        )
+
+    def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
+        try:
+            self.request("DELETE", path_for(api_version, kind, namespace, name))
+            return True
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    def get_scale(self, api_version: str, kind: str, namespace: str, name: str) -> Obj:
+        return self.request("GET", path_for(api_version, kind, namespace, name, "scale"))
+
+    def set_scale(
+        self, api_version: str, kind: str, namespace: str, name: str, replicas: int, retries: int = 5
+    ) -> Obj:
+        """Write ``spec.replicas`` through the scale subresource, retrying 409s."""
+        for _ in range(retries):
+            scale = self.get_scale(api_version, kind, namespace, name)
+            scale["spec"] = {"replicas": replicas}
+            try:
+                return self.request("PUT", path_for(api_version, kind, namespace, name, "scale"), body=scale)
+            except KubeError as exc:
+                if exc.status != 409:
+                    raise
+        raise KubeError(409, f"scale {kind}/{name}: still conflicting after {retries} tries")
+
+    def evict(self, namespace: str, pod: str) -> None:
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": namespace},
+        }
+        self.request("POST", path_for("v1", "Pod", namespace, pod, "eviction"), body=body)
+
+
+def apply_object(
+    rest: KubeRest, obj: Obj, *, keep_replicas: bool = False, retries: int = 5
+) -> tuple[str, Obj]:
+    """Create ``obj`` or replace the live one; returns ("created"|"updated"|"unchanged", live).
+
+    Raises ``NotOwned`` for an existing object migscale did not create, and
+    ``KubeError(409)`` when every retry lost a race. ``keep_replicas`` leaves
+    the live ``spec.replicas`` alone: once an HPA owns a Deployment's size,
+    re-applying the template must not reset it.
+    """
+    meta = obj["metadata"]
+    for _ in range(retries):
+        live = rest.get(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+        if live is None:
+            try:
+                return "created", rest.create(copy.deepcopy(obj))
+            except KubeError as exc:
+                if exc.status == 409:  # created by someone else meanwhile: read it and retry
+                    continue
+                raise
+        if not owned(live):
+            raise NotOwned(
+                409, f"{obj['kind']}/{meta['name']} exists and is not managed by migscale; left alone"
+            )
+        new = copy.deepcopy(obj)
+        if keep_replicas and "replicas" in (live.get("spec") or {}):
+            new["spec"]["replicas"] = live["spec"]["replicas"]
+        if "ownerReferences" not in new["metadata"] and live["metadata"].get("ownerReferences"):
+            new["metadata"]["ownerReferences"] = live["metadata"]["ownerReferences"]
+        if obj["kind"] == "Service":  # clusterIP is immutable once assigned
+            for k in ("clusterIP", "clusterIPs"):
+                if k in (live.get("spec") or {}):
+                    new["spec"][k] = live["spec"][k]
+        if is_subset({k: v for k, v in new.items() if k != "metadata"}, live) and is_subset(
+            {k: new["metadata"].get(k) for k in ("labels", "ownerReferences") if k in new["metadata"]},
+            live["metadata"],
+        ):
+            return "unchanged", live
+        new["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
+        try:
+            return "updated", rest.replace(new)
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+    raise KubeError(409, f"{obj['kind']}/{meta['name']}: still conflicting after {retries} tries")

@@ -1,0 +1,220 @@
+"""A local multinode replica: N processes started, watched and stopped as one group.
+
+This is the local stand-in for one LeaderWorkerSet group (FACTS.md §8). Rank 0
+is a real ``tritonserver`` (it alone serves HTTP, gRPC and metrics); ranks
+1..N-1 run the model's ``worker.py`` and join rank 0 through torch.distributed.
+RDMA cannot exist on this machine, so the collective runs over TCP with gloo;
+on GPUs the very same model code selects NCCL (GPUDirect RDMA between nodes).
+
+Group semantics follow LeaderWorkerSet's ``RecreateGroupOnPodRestart``: the
+group is ready only when every member is, and the loss of any member makes the
+supervisor recreate the whole group (``failed()`` tells it so).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from autoscaler.act.local.procs import stop_child
+from autoscaler.act.local.triton import TritonPorts, TritonProcess, free_port, triton_env
+
+
+@dataclass
+class Member:
+    rank: int
+    proc: subprocess.Popen | None = None  # workers; the leader is a TritonProcess
+    log_path: Path | None = None
+
+
+class ProcessGroup:
+    def __init__(
+        self,
+        model_repository: str | os.PathLike,
+        model: str,
+        size: int,
+        workdir: str | os.PathLike,
+        env: Mapping[str, str] | None = None,
+        tritonserver: str | None = None,
+        ports: TritonPorts | None = None,
+        member_env: Sequence[Mapping[str, str]] | None = None,
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"group size must be >= 1, got {size}")
+        self.model_repository = Path(model_repository).resolve()
+        self.model = model
+        self.size = size
+        self.workdir = Path(workdir).resolve()
+        self.extra_env = dict(env or {})
+        # Per-rank additions (the local backend gives each member its GPU's identity).
+        self.member_env = [dict(e) for e in (member_env or ())]
+        if self.member_env and len(self.member_env) != size:
+            raise ValueError(f"member_env has {len(self.member_env)} entries for a group of {size}")
+        self.tritonserver = tritonserver
+        self.ports = ports or TritonPorts.free()
+        self.leader: TritonProcess | None = None
+        self.workers: list[Member] = []
+        self.rendezvous_port: int | None = None
+        self.started_at: float | None = None
+        self.generation = 0  # bumped each time the whole group is (re)created
+        self.ready_at: float | None = None  # set by the local supervisor when it publishes READY
+
+    # ------------------------------------------------------------ addresses
+    @property
+    def url_http(self) -> str:
+        return f"127.0.0.1:{self.ports.http}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.leader.pid if self.leader else None
+
+    def pids(self) -> list[int]:
+        out = [self.leader.pid] if self.leader and self.leader.pid else []
+        return out + [m.proc.pid for m in self.workers if m.proc]
+
+    # The local backend treats a group like one tritonserver: these mirror
+    # TritonProcess (the leader's address, the group's liveness).
+    @property
+    def url_grpc(self) -> str:
+        return f"127.0.0.1:{self.ports.grpc}"
+
+    @property
+    def url_metrics(self) -> str:
+        return f"http://127.0.0.1:{self.ports.metrics}/metrics"
+
+    @property
+    def proc(self) -> subprocess.Popen | None:
+        return self.leader.proc if self.leader else None
+
+    @property
+    def binary(self) -> Path:
+        return self.leader.binary if self.leader else Path("tritonserver")
+
+    def alive(self) -> bool:
+        """Every member started is still running (False before start: nothing to serve)."""
+        return self.leader is not None and not self.failed()
+
+    def tail_log(self, lines: int = 20) -> str:
+        return self.tail_logs(lines)
+
+    def _group_env(self, rank: int) -> dict[str, str]:
+        env = dict(self.extra_env)
+        if self.member_env:
+            env.update(self.member_env[rank])
+        env.update(
+            MIGSCALE_GROUP_RANK=str(rank),
+            MIGSCALE_GROUP_SIZE=str(self.size),
+            MIGSCALE_GROUP_ADDR=f"127.0.0.1:{self.rendezvous_port}",
+            # Two cores host the whole group here: one intra-op thread per rank
+            # keeps N ranks from oversubscribing them N-fold.
+            MIGSCALE_TORCH_THREADS=env.get("MIGSCALE_TORCH_THREADS", "1"),
+        )
+        return env
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self.generation += 1
+        self.started_at = time.time()
+        self.ready_at = None
+        self.rendezvous_port = free_port()
+        gen_dir = self.workdir / f"gen{self.generation}"
+        gen_dir.mkdir(parents=True, exist_ok=True)
+        self.leader = TritonProcess(
+            self.model_repository,
+            [self.model],
+            gen_dir / "rank0",
+            ports=self.ports,
+            env=self._group_env(0),
+            tritonserver=self.tritonserver,
+        )
+        self.leader.start()
+        worker_py = self.model_repository / self.model / "worker.py"
+        self.workers = []
+        for rank in range(1, self.size):
+            wdir = gen_dir / f"rank{rank}"
+            wdir.mkdir(parents=True, exist_ok=True)
+            log_path = wdir / "worker.log"
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, str(worker_py)],
+                    cwd=wdir,
+                    env=triton_env(self._group_env(rank)),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            self.workers.append(Member(rank, proc, log_path))
+
+    def failed(self) -> bool:
+        """True when any member that was started has exited: the group must be recreated."""
+        if self.leader is None:
+            return False
+        if not self.leader.alive():
+            return True
+        return any(m.proc is not None and m.proc.poll() is not None for m in self.workers)
+
+    def _worker_joined(self, m: Member) -> bool:
+        try:
+            return m.proc is not None and m.proc.poll() is None and "joined" in m.log_path.read_text()
+        except OSError:
+            return False
+
+    def is_ready(self, timeout_s: float = 1.0) -> bool:
+        # The leader's model initialises only after every rank joined, so leader
+        # readiness already implies the group; checking workers too guards
+        # against a worker that died after the join.
+        return (
+            self.leader is not None
+            and not self.failed()
+            and all(self._worker_joined(m) for m in self.workers)
+            and self.leader.is_ready(timeout_s)
+        )
+
+    def wait_ready(self, timeout_s: float = 120.0) -> float:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self.failed():
+                raise RuntimeError(f"group {self.model} lost a member while starting:\n{self.tail_logs()}")
+            if self.is_ready():
+                return time.time() - (self.started_at or time.time())
+            time.sleep(0.1)
+        raise TimeoutError(f"group {self.model} not ready after {timeout_s:.0f}s:\n{self.tail_logs()}")
+
+    def tail_logs(self, lines: int = 10) -> str:
+        parts = [self.leader.tail_log(lines)] if self.leader else []
+        for m in self.workers:
+            try:
+                parts.append("\n".join(m.log_path.read_text(errors="replace").splitlines()[-lines:]))
+            except OSError:
+                pass
+        return "\n---\n".join(parts)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop every member we started (leader first: its finalize tells workers to stop)."""
+        if self.leader is not None:
+            self.leader.stop(timeout_s)
+        for m in self.workers:
+            stop_child(m.proc, timeout_s)
+
+    def recreate(self) -> None:
+        """RecreateGroupOnPodRestart: tear every member down and start a fresh generation."""
+        self.stop(timeout_s=5.0)
+        self.start()
+
+    def members(self) -> list[dict]:
+        out = []
+        if self.leader is not None:
+            state = "ready" if self.leader.is_ready(0.3) else ("failed" if not self.leader.alive() else "starting")
+            out.append({"rank": 0, "pid": self.leader.pid, "port": self.ports.http, "state": state, "role": "leader"})
+        for m in self.workers:
+            alive = m.proc is not None and m.proc.poll() is None
+            state = "ready" if self._worker_joined(m) else ("failed" if not alive else "starting")
+            out.append({"rank": m.rank, "pid": m.proc.pid if m.proc else None, "port": None, "state": state,
+                        "role": "worker"})
+        return out

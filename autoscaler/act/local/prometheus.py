@@ -1,0 +1,199 @@
+"""A real Prometheus for the local backend (act/), fed by file-based service discovery.
+
+``migscale up`` starts ``prometheus`` as its own child with config and TSDB
+under ``run_dir/prometheus``, listening on a free 127.0.0.1 port, scraping
+every 2 s. Targets come from ``targets.json`` (file_sd), which the controller
+rewrites atomically on every replica change; Prometheus notices the rename
+through inotify (``refresh_interval`` is only the fallback).
+
+Each target carries the labels ``replica``, ``model``, ``profile``, ``gpu``
+and ``start``. Triton's own series already carry ``model``; the job uses
+``honor_labels: true`` so that label stays ``model`` (the Triton name) instead
+of being renamed ``exported_model``.
+
+When the binary is missing, or ``local.prometheus: off``, nothing is started:
+``PrometheusServer.mode`` is ``"direct"`` and the caller scrapes the replicas'
+``/metrics`` itself (the embedded default) and says so at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from autoscaler.act.local.procs import stop_child
+from autoscaler.act.local.triton import free_port
+
+SCRAPE_INTERVAL_S = 2
+
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    address: str  # "127.0.0.1:METRICS_PORT"
+    replica: str
+    model: str
+    profile: str
+    gpu: str
+    start: int
+
+
+def render_file_sd(targets: Sequence[ScrapeTarget]) -> list[dict]:
+    """file_sd JSON: one group per target so each gets its own labels (pure)."""
+    return [
+        {
+            "targets": [t.address],
+            "labels": {
+                "replica": t.replica,
+                "model": t.model,
+                "profile": t.profile,
+                "gpu": t.gpu,
+                "start": str(t.start),
+            },
+        }
+        for t in sorted(targets, key=lambda t: t.replica)
+    ]
+
+
+def render_config(targets_file: Path, scrape_interval_s: int = SCRAPE_INTERVAL_S) -> str:
+    """prometheus.yml (pure). YAML is a superset of JSON, so we emit JSON: no quoting surprises."""
+    cfg = {
+        "global": {
+            "scrape_interval": f"{scrape_interval_s}s",
+            "evaluation_interval": f"{scrape_interval_s}s",
+            "scrape_timeout": f"{max(1, scrape_interval_s - 1)}s",
+        },
+        "scrape_configs": [
+            {
+                "job_name": "triton",
+                "honor_labels": True,
+                "metrics_path": "/metrics",
+                "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "5s"}],
+            }
+        ],
+    }
+    return json.dumps(cfg, indent=2) + "\n"
+
+
+def find_prometheus(explicit: str | None = None) -> str | None:
+    if explicit:
+        return explicit if os.access(explicit, os.X_OK) else None
+    return shutil.which("prometheus") or next(
+        (p for p in ("/usr/bin/prometheus", "/usr/local/bin/prometheus") if os.access(p, os.X_OK)), None
+    )
+
+
+class PrometheusServer:
+    """Our own Prometheus child, or the explicit absence of one (``mode == "direct"``)."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        setting: str = "auto",
+        binary: str | None = None,
+        port: int | None = None,
+    ) -> None:
+        self.dir = Path(run_dir).resolve() / "prometheus"
+        self.binary = find_prometheus(binary) if setting != "off" else None
+        if setting == "off":
+            self.fallback_reason: str | None = "local.prometheus is off"
+        elif self.binary is None:
+            self.fallback_reason = "no prometheus binary on PATH"
+        else:
+            self.fallback_reason = None
+        self.port = port or free_port()
+        self.proc: subprocess.Popen | None = None
+        self._last: list[dict] | None = None
+        # Drain workers and the tick both rewrite the targets: one writer at a time,
+        # or two share the temp file and the second's rename finds it gone.
+        self._write_lock = threading.Lock()
+
+    @property
+    def mode(self) -> str:
+        return "prometheus" if self.binary else "direct"
+
+    @property
+    def url(self) -> str | None:
+        return f"http://127.0.0.1:{self.port}" if self.binary else None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def targets_file(self) -> Path:
+        return self.dir / "targets.json"
+
+    def banner(self) -> str:
+        if self.binary:
+            every = f"scrape every {SCRAPE_INTERVAL_S}s"
+            return f"metrics: Prometheus {self.url} ({every}, file_sd {self.targets_file})"
+        return (
+            f"metrics: Prometheus not started ({self.fallback_reason}); "
+            "using the direct-scrape fallback of each replica's /metrics"
+        )
+
+    def write_targets(self, targets: Sequence[ScrapeTarget]) -> bool:
+        """Atomically rewrite the file_sd file; False when nothing changed."""
+        doc = render_file_sd(targets)
+        with self._write_lock:
+            if doc == self._last and self.targets_file.exists():
+                return False
+            self.dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.targets_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(doc, indent=1) + "\n")
+            os.replace(tmp, self.targets_file)
+            self._last = doc
+            return True
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        if not self.binary:
+            return
+        (self.dir / "data").mkdir(parents=True, exist_ok=True)
+        if not self.targets_file.exists():
+            self.write_targets([])
+        conf = self.dir / "prometheus.yml"
+        conf.write_text(render_config(self.targets_file))
+        with open(self.dir / "prometheus.log", "ab") as log:  # the child keeps its own copy
+            self.proc = subprocess.Popen(
+                [
+                    self.binary,
+                    f"--config.file={conf}",
+                    f"--storage.tsdb.path={self.dir / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--storage.tsdb.retention.time=1d",
+                    "--log.level=warn",
+                ],
+                cwd=self.dir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"prometheus exited with {self.proc.returncode}; see {self.dir / 'prometheus.log'}"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"prometheus not ready within {timeout_s:.0f}s; see {self.dir / 'prometheus.log'}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        stop_child(self.proc, timeout_s, group=False)

@@ -1,0 +1,280 @@
+"""Start and stop one real ``tritonserver`` process (the act/ edge of the local backend).
+
+The binary comes from the ``nvidia-pytriton`` wheel (FACTS.md §9) unless the
+user names one. Running it on a machine without a GPU needs three things the
+wheel does not set up by itself: ``LD_LIBRARY_PATH`` with the wheel's
+``nvidia_pytriton.libs``; a backends directory whose ``python/`` folder holds
+the stub for *this* Python version (copied into the run directory, never edited
+in site-packages); and the virtualenv's ``bin/`` first on ``PATH`` so the stub
+finds numpy. The working directory is a fresh empty folder because the stub
+puts its cwd first on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from autoscaler.act.local.procs import stop_child
+
+
+class TritonError(RuntimeError):
+    pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_listening(port: int, timeout_s: float = 0.2, host: str = "127.0.0.1") -> bool:
+    """Does something accept TCP connections on ``host:port`` now?"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout_s)
+        return s.connect_ex((host, port)) == 0
+
+
+@dataclass(frozen=True)
+class TritonPorts:
+    http: int
+    grpc: int
+    metrics: int
+
+    @classmethod
+    def free(cls) -> TritonPorts:
+        # Three distinct ports; binding them all at once avoids handing out a duplicate.
+        socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(3)]
+        try:
+            for s in socks:
+                s.bind(("127.0.0.1", 0))
+            http, grpc, metrics = (s.getsockname()[1] for s in socks)
+        finally:
+            for s in socks:
+                s.close()
+        return cls(http, grpc, metrics)
+
+
+def _pytriton_dir() -> Path:
+    try:
+        import pytriton
+    except ImportError as e:  # pragma: no cover - depends on the platform
+        raise TritonError(
+            "nvidia-pytriton is not installed (it ships tritonserver for Linux x86_64); "
+            "install it or set local.tritonserver in cluster.yaml"
+        ) from e
+    return Path(pytriton.__file__).parent / "tritonserver"
+
+
+def find_tritonserver(explicit: str | os.PathLike | None = None) -> Path:
+    """The tritonserver binary: the one named in config, else the wheel's."""
+    if explicit:
+        p = Path(explicit)
+        if not (p.is_file() and os.access(p, os.X_OK)):
+            raise TritonError(f"tritonserver {str(p)!r} is not an executable file")
+        return p
+    p = _pytriton_dir() / "bin" / "tritonserver"
+    if not p.is_file():
+        raise TritonError(f"tritonserver not found in the nvidia-pytriton wheel at {p}")
+    return p
+
+
+def _libs_dir() -> Path:
+    import pytriton
+
+    site = Path(pytriton.__file__).parent.parent
+    return site / "nvidia_pytriton.libs"
+
+
+def prepare_backends(dest: Path) -> Path:
+    """Copy the wheel's backends into ``dest`` with the stub for this Python; idempotent."""
+    src = _pytriton_dir()
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub_dir = src / "python_backend_stubs" / py
+    if not stub_dir.is_dir():
+        raise TritonError(f"the nvidia-pytriton wheel has no Python backend stub for Python {py}")
+    target = dest / "python"
+    marker = target / ".migscale-ready"
+    if marker.exists():
+        return dest
+    target.mkdir(parents=True, exist_ok=True)
+    for f in (src / "backends" / "python").iterdir():
+        if f.is_file():
+            shutil.copy2(f, target / f.name)
+    for f in stub_dir.iterdir():
+        if f.is_file():
+            shutil.copy2(f, target / f.name)
+    marker.write_text(py)
+    return dest
+
+
+def triton_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    libs = str(_libs_dir())
+    env["LD_LIBRARY_PATH"] = libs + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = venv_bin + ":" + env.get("PATH", "/usr/bin:/bin")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra:
+        env.update(extra)
+    return env
+
+
+class TritonProcess:
+    """One tritonserver serving ``models`` from ``model_repository`` on its own ports.
+
+    ``model-control-mode=explicit`` with ``--load-model`` for each model, so a
+    replica loads only what it serves even though the repository holds more.
+    """
+
+    def __init__(
+        self,
+        model_repository: str | os.PathLike,
+        models: Sequence[str],
+        workdir: str | os.PathLike,
+        ports: TritonPorts | None = None,
+        env: Mapping[str, str] | None = None,
+        tritonserver: str | os.PathLike | None = None,
+        extra_args: Sequence[str] = (),
+        summaries: bool = True,
+    ) -> None:
+        self.model_repository = Path(model_repository).resolve()
+        self.models = list(models)
+        self.workdir = Path(workdir).resolve()
+        self.ports = ports or TritonPorts.free()
+        self.extra_env = dict(env or {})
+        self.binary = find_tritonserver(tritonserver)
+        self.extra_args = list(extra_args)
+        self.summaries = summaries
+        self.proc: subprocess.Popen | None = None
+        self.started_at: float | None = None
+        self.ready_at: float | None = None
+
+    # ------------------------------------------------------------ addresses
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def url_http(self) -> str:
+        return f"127.0.0.1:{self.ports.http}"
+
+    @property
+    def url_grpc(self) -> str:
+        return f"127.0.0.1:{self.ports.grpc}"
+
+    @property
+    def url_metrics(self) -> str:
+        return f"http://127.0.0.1:{self.ports.metrics}/metrics"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "tritonserver.log"
+
+    def command(self) -> list[str]:
+        backends = prepare_backends(self.workdir.parent / "backends")
+        cmd = [
+            str(self.binary),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={backends}",
+            "--model-control-mode=explicit",
+            "--http-address=127.0.0.1",
+            f"--http-port={self.ports.http}",
+            "--grpc-address=127.0.0.1",
+            f"--grpc-port={self.ports.grpc}",
+            "--metrics-address=127.0.0.1",
+            f"--metrics-port={self.ports.metrics}",
+            "--allow-metrics=true",
+            "--allow-gpu-metrics=false",
+            "--allow-cpu-metrics=false",
+            "--log-verbose=0",
+            # Triton's default exit timeout is 30 s; a drained replica has nothing in flight.
+            "--exit-timeout-secs=5",
+        ]
+        if self.summaries:
+            cmd.append("--metrics-config=summary_latencies=true")
+        cmd += [f"--load-model={m}" for m in self.models]
+        return cmd + self.extra_args
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.started_at = time.time()
+        self.ready_at = None
+        # start_new_session: Ctrl-C in the terminal reaches the controller only,
+        # which then drains and stops replicas in order instead of all at once.
+        self.proc = subprocess.Popen(
+            self.command(),
+            cwd=self.workdir,
+            env=triton_env(self.extra_env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def is_ready(self, timeout_s: float = 1.0) -> bool:
+        """HTTP health says ready *and* the metrics port accepts connections.
+
+        Triton opens its metrics port after HTTP may already answer ready; a
+        replica counted ready before its /metrics listens reads as missing data
+        to the loop (and refused a load test's first scrape on a busy machine).
+        """
+        if not self.alive():
+            return False
+        try:
+            with urllib.request.urlopen(
+                f"http://{self.url_http}/v2/health/ready", timeout=timeout_s
+            ) as r:
+                if r.status != 200:
+                    return False
+        except OSError:
+            return False
+        return port_listening(self.ports.metrics, timeout_s)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> float:
+        """Block until ready; returns seconds from start to ready. Raises TritonError."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if not self.alive():
+                raise TritonError(f"tritonserver exited with {self.proc.returncode if self.proc else '?'}; "
+                                  f"last log lines:\n{self.tail_log()}")
+            if self.is_ready(timeout_s=0.5):
+                self.ready_at = time.time()
+                return self.ready_at - (self.started_at or self.ready_at)
+            time.sleep(0.05)
+        raise TritonError(f"tritonserver not ready after {timeout_s:.0f}s; last log lines:\n{self.tail_log()}")
+
+    def tail_log(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout_s``; stops only the process (group) we started."""
+        # The Python backend stubs are children of tritonserver in the session we
+        # created; signalling the group by our own PID reaches them and nothing else.
+        return stop_child(self.proc, timeout_s)
+
+    def __enter__(self) -> TritonProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

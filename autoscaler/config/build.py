@@ -1,0 +1,401 @@
+"""From validated config to the core's values, and the checks that need both files.
+
+Part of the config edge: ``model_specs`` and ``initial_cluster_state`` build
+the ``ModelSpec`` and ``ClusterState`` values the planner (``policy/``) and
+the simulator consume; ``validate_pair`` finds what only shows with both
+``models.yaml`` and ``cluster.yaml`` (a profile no GPU in the cluster has, a
+multinode model without an RDMA pool big enough, a missing model directory).
+Import these from ``autoscaler.config.schema``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autoscaler.config.io import ConfigError, load_yaml, short
+from autoscaler.mig import get_product
+from autoscaler.policy.types import ClusterState, GpuState, ModelSpec
+
+if TYPE_CHECKING:
+    from autoscaler.policy import hpa
+    from autoscaler.policy.decide import PolicyConfig
+    from autoscaler.config import ClusterConfig, ModelConfig, ModelsConfig
+
+
+def load_capacity_file(path: str | Path) -> dict[str, dict[str, float]]:
+    """Read ``{models: {name: {profile: rps}}}`` (written by ``migscale profile``)."""
+    p = Path(path)
+    data = load_yaml(p)
+    problems: list[str] = []
+    models = data.get("models") if isinstance(data, dict) else None
+    if not isinstance(models, dict):
+        raise ConfigError(
+            [f"{p}: models: must be a mapping of model -> {{profile: req/s}}, got {short(models)}"], p
+        )
+    out: dict[str, dict[str, float]] = {}
+    for name, table in models.items():
+        if not isinstance(table, dict):
+            problems.append(f"{p}: models.{name}: must be a mapping profile -> req/s, got {short(table)}")
+            continue
+        out[str(name)] = {}
+        for prof, rps in table.items():
+            if (
+                isinstance(rps, bool)
+                or not isinstance(rps, (int, float))
+                or not rps > 0
+                or rps == float("inf")
+            ):
+                problems.append(f"{p}: models.{name}.{prof}: req/s must be a number > 0, got {short(rps)}")
+            else:
+                out[str(name)][str(prof)] = float(rps)
+    if problems:
+        raise ConfigError(problems, p)
+    return out
+
+
+def measured_service_rates(models: ModelsConfig) -> dict[str, dict[str, float]]:
+    """Saturation throughput per model and profile from the ``measured`` sweeps of capacity files.
+
+    ``migscale profile`` keeps every sweep point; the highest error-free
+    throughput is what one replica serves flat out -- the service rate the
+    simulator's world uses instead of deriving one from the capacity table
+    (the table is the policy's belief, the sweep is what the replica did).
+    A file without sweeps (hand-written) gives nothing: the table is used.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for m in models.models:
+        if not m.capacity_file:
+            continue
+        path = models.resolve(m.capacity_file)
+        if not path.exists():
+            continue
+        data = load_yaml(path)
+        measured = data.get("measured") if isinstance(data, dict) else None
+        per_profile = measured.get(m.name) if isinstance(measured, dict) else None
+        if not isinstance(per_profile, dict):
+            continue
+        problems: list[str] = []
+        for prof, result in per_profile.items():
+            points = result.get("points") if isinstance(result, dict) else None
+            if not isinstance(points, list):
+                continue
+            best = 0.0
+            for i, pt in enumerate(points):
+                thr = pt.get("throughput_rps") if isinstance(pt, dict) else None
+                if isinstance(thr, bool) or not isinstance(thr, (int, float)) or not 0 <= thr < float("inf"):
+                    problems.append(f"{path}: measured.{m.name}.{prof}.points[{i}].throughput_rps: "
+                                    f"must be a number >= 0, got {short(thr)}")
+                elif not pt.get("errors"):
+                    best = max(best, float(thr))
+            if best > 0:
+                out.setdefault(m.name, {})[str(prof)] = best
+        if problems:
+            raise ConfigError(problems, path)
+    return out
+
+
+def load_demand(path: str | Path, models: Sequence[str] | None = None) -> dict[str, float]:
+    """Read a demand file ``{model: req/s}``; names must be in ``models`` when given."""
+    p = Path(path)
+    data = load_yaml(p)
+    if not isinstance(data, dict):
+        raise ConfigError([f"{p}: top level must be a mapping model -> req/s, got {short(data, 40)}"], p)
+    problems: list[str] = []
+    out: dict[str, float] = {}
+    for name, rps in data.items():
+        if models is not None and name not in models:
+            problems.append(f"{p}: {name}: unknown model (known: {', '.join(models)}), got {short(name)}")
+        elif isinstance(rps, bool) or not isinstance(rps, (int, float)) or not (0 <= rps < float("inf")):
+            problems.append(f"{p}: {name}: req/s must be a number >= 0, got {short(rps)}")
+        else:
+            out[str(name)] = float(rps)
+    if problems:
+        raise ConfigError(problems, p)
+    return out
+
+
+# ---------------------------------------------------------------- building core values
+
+
+def _mig_products(cluster: ClusterConfig) -> list:
+    return [get_product(name) for name in cluster.products()]
+
+
+def _capacity_table(models: ModelsConfig, m: ModelConfig) -> dict[str, float]:
+    table: dict[str, float] = {}
+    if m.capacity_file:
+        path = models.resolve(m.capacity_file)
+        if path.exists():
+            table.update(load_capacity_file(path).get(m.name, {}))
+    table.update(m.capacity or {})
+    return table
+
+
+def _usable_profiles(m: ModelConfig, cluster: ClusterConfig) -> list[str]:
+    """Profiles a replica of ``m`` may use on this cluster, smallest first."""
+    prods = _mig_products(cluster)
+    if m.profiles is not None:
+        return [p for p in m.profiles if any(p in prod.profiles for prod in prods)]
+    out: list[tuple[int, float, str]] = []
+    for prod in prods:
+        for prof in prod.standard_profiles():
+            if m.memory_gb is None or prof.memory_gb >= m.memory_gb:
+                out.append((prof.compute, prof.memory_gb, prof.name))
+    return list(dict.fromkeys(name for _, _, name in sorted(out)))
+
+
+def model_specs(models: ModelsConfig, cluster: ClusterConfig) -> list[ModelSpec]:
+    """One ``ModelSpec`` per model, in file order.
+
+    MIG models: ``allowed_profiles`` is the explicit ``profiles`` list, else the
+    standard profiles of the cluster's products with enough memory for
+    ``memory_gb``; when a capacity table exists (inline ``capacity`` overriding
+    ``capacity_file``), profiles without a req/s figure are dropped, because
+    the planner cannot size replicas it has no number for. Multinode models
+    take whole GPUs: ``allowed_profiles`` and ``capacity`` are empty and
+    ``group_capacity_rps`` carries the group's req/s.
+    """
+    problems: list[str] = []
+    specs: list[ModelSpec] = []
+    prods = _mig_products(cluster)
+    for i, m in enumerate(models.models):
+        if m.backend == "multinode":
+            mn = m.multinode
+            assert mn is not None  # the schema requires it for this backend
+            specs.append(
+                ModelSpec(
+                    name=m.name,
+                    capacity={},
+                    allowed_profiles=(),
+                    min_replicas=m.min_replicas,
+                    max_replicas=m.max_replicas,
+                    high_availability=m.high_availability,
+                    priority=m.priority,
+                    memory_gb=m.memory_gb,
+                    backend="multinode",
+                    nodes_per_group=mn.nodes_per_group,
+                    gpus_per_node=mn.gpus_per_node,
+                    group_capacity_rps=mn.group_capacity_rps,
+                    fabric=mn.fabric,
+                )
+            )
+            continue
+        for j, prof in enumerate(m.profiles or ()):
+            if not any(prof in prod.profiles for prod in prods):
+                problems.append(
+                    f"models[{i}].profiles[{j}]: not valid for any GPU product in the cluster "
+                    f"({', '.join(cluster.products()) or 'none'}), got {prof!r}"
+                )
+        try:
+            capacity = _capacity_table(models, m)
+        except ConfigError as exc:
+            problems.extend(f"models[{i}].capacity_file: {line}" for line in exc.problems)
+            continue
+        allowed = _usable_profiles(m, cluster)
+        if capacity:
+            allowed = [p for p in allowed if p in capacity]
+        specs.append(
+            ModelSpec(
+                name=m.name,
+                capacity={p: capacity[p] for p in allowed if p in capacity},
+                allowed_profiles=tuple(allowed),
+                min_replicas=m.min_replicas,
+                max_replicas=m.max_replicas,
+                high_availability=m.high_availability,
+                priority=m.priority,
+                memory_gb=m.memory_gb,
+                backend="mig",
+            )
+        )
+    if problems:
+        raise ConfigError(problems)
+    return specs
+
+
+def initial_cluster_state(cluster: ClusterConfig) -> ClusterState:
+    """GPUs as the config describes them, no replicas. Ids are ``"{node}/{index}"``,
+    the index counting per node across entries (two entries for node-a give
+    node-a/0..node-a/N)."""
+    gpus: list[GpuState] = []
+    per_node: dict[str, int] = {}
+    for g in cluster.gpus:
+        for layout in g.gpu_layouts():
+            idx = per_node.get(g.node, 0)
+            per_node[g.node] = idx + 1
+            gpus.append(
+                GpuState(
+                    id=f"{g.node}/{idx}",
+                    node=g.node,
+                    product=g.product,
+                    layout=tuple(sorted(layout)),
+                    mig_enabled=True,
+                    rdma=False,
+                    fabric=None,
+                    emulated=g.emulated,
+                )
+            )
+    for n in cluster.rdma_pool.nodes if cluster.rdma_pool else ():
+        for idx in range(n.gpus):
+            gpus.append(
+                GpuState(
+                    id=f"{n.name}/{idx}",
+                    node=n.name,
+                    product=n.product,
+                    layout=(),
+                    mig_enabled=False,
+                    rdma=True,
+                    fabric=n.fabric,
+                    emulated=n.emulated,
+                )
+            )
+    return ClusterState(gpus=tuple(gpus), replicas=())
+
+
+# ---------------------------------------------------------------- cross-file checks
+
+
+def validate_pair(
+    models: ModelsConfig, cluster: ClusterConfig, *, require_capacity: bool = True, check_dirs: bool = True
+) -> list[str]:
+    """Problems that only show with both files: profiles vs the cluster's products,
+    multinode groups vs the RDMA pool, model directories on disk, capacity tables.
+
+    ``require_capacity=False`` skips the "no req/s figure" checks, for
+    ``migscale profile``, which is how those figures come to exist.
+    ``check_dirs=False`` skips the model directories, for the Kubernetes
+    controller: there the repository is a volume of the Triton pods, not its own.
+    """
+    out: list[str] = []
+    prods = _mig_products(cluster)
+    names = ", ".join(cluster.products()) or "none"
+    n_mig_gpus = sum(g.count for g in cluster.gpus)
+    for i, m in enumerate(models.models):
+        at = f"models[{i}]"
+        mdir = models.resolve(m.model_dir)
+        if not check_dirs:
+            pass
+        elif not mdir.is_dir():
+            out.append(f"{at}.model_dir: no such directory ({mdir}), got {m.model_dir!r}")
+        elif not (mdir / "config.pbtxt").is_file():
+            out.append(f"{at}.model_dir: no config.pbtxt in {mdir}, got {m.model_dir!r}")
+        if m.backend == "multinode":
+            out.extend(_multinode_problems(at, m, cluster, require_capacity))
+            continue
+        if not prods:
+            out.append(f"{at}.backend: 'mig' needs MIG GPUs under cluster gpus, got 'mig'")
+            continue
+        for j, prof in enumerate(m.profiles or ()):
+            fits = [prod for prod in prods if prof in prod.profiles]
+            if not fits:
+                out.append(
+                    f"{at}.profiles[{j}]: not valid for any GPU product in the cluster ({names}), "
+                    f"got {prof!r}"
+                )
+            elif m.memory_gb is not None and max(pr.profiles[prof].memory_gb for pr in fits) < m.memory_gb:
+                out.append(
+                    f"{at}.profiles[{j}]: has {max(pr.profiles[prof].memory_gb for pr in fits):g} GB, "
+                    f"less than memory_gb {m.memory_gb:g}, got {prof!r}"
+                )
+        for prof in m.capacity or {}:
+            if not any(prof in prod.profiles for prod in prods):
+                out.append(
+                    f"{at}.capacity.{prof}: not valid for any GPU product in the cluster ({names}), "
+                    f"got {prof!r}"
+                )
+        if m.memory_gb is not None and m.profiles is None and not _usable_profiles(m, cluster):
+            biggest = max(pr.full.memory_gb for pr in prods)
+            out.append(
+                f"{at}.memory_gb: no MIG profile in the cluster has that much memory "
+                f"(largest {biggest:g} GB), got {m.memory_gb:g}"
+            )
+        if m.high_availability and n_mig_gpus < 2:
+            out.append(f"{at}.high_availability: needs >= 2 MIG GPUs, the cluster has {n_mig_gpus}, got True")
+        try:
+            capacity = _capacity_table(models, m)
+        except ConfigError as exc:
+            out.extend(f"{at}.capacity_file: {line}" for line in exc.problems)
+            continue
+        if require_capacity:
+            if m.capacity_file and not models.resolve(m.capacity_file).exists() and not m.capacity:
+                out.append(
+                    f"{at}.capacity_file: file not found ({models.resolve(m.capacity_file)}); "
+                    f"run `migscale profile` first, got {m.capacity_file!r}"
+                )
+            elif not any(p in capacity for p in _usable_profiles(m, cluster)):
+                out.append(
+                    f"{at}.capacity: no req/s figure for any usable profile "
+                    f"({', '.join(_usable_profiles(m, cluster)) or 'none'}); give capacity or capacity_file "
+                    f"(`migscale profile` writes one), got {m.capacity!r}"
+                )
+    return out
+
+
+def _multinode_problems(at: str, m: ModelConfig, cluster: ClusterConfig, require_capacity: bool) -> list[str]:
+    out: list[str] = []
+    mn = m.multinode
+    assert mn is not None
+    pool = cluster.rdma_pool
+    if pool is None:
+        return [f"{at}.backend: 'multinode' needs an rdma_pool in the cluster file, got 'multinode'"]
+    fabrics = sorted({n.fabric for n in pool.nodes})
+    if mn.fabric is not None and mn.fabric not in fabrics:
+        out.append(
+            f"{at}.multinode.fabric: no RDMA node on that fabric (fabrics: {', '.join(fabrics)}), "
+            f"got {mn.fabric!r}"
+        )
+    # One group needs nodes_per_group distinct nodes, each with gpus_per_node GPUs, on one fabric.
+    best = max(
+        (
+            sum(1 for n in pool.nodes if n.fabric == f and n.gpus >= mn.gpus_per_node)
+            for f in ([mn.fabric] if mn.fabric else fabrics)
+        ),
+        default=0,
+    )
+    if best < mn.nodes_per_group:
+        out.append(
+            f"{at}.multinode.nodes_per_group: rdma_pool has only {best} node(s) with >= {mn.gpus_per_node} "
+            f"GPU(s) on one fabric, got {mn.nodes_per_group}"
+        )
+    if require_capacity and mn.group_capacity_rps is None:
+        out.append(f"{at}.multinode.group_capacity_rps: required to plan a multinode model, got None")
+    return out
+
+
+def rules_from_config(b: Any) -> "hpa.ScalingRules":
+    """cluster.yaml ``scale_up``/``scale_down`` (pydantic) -> ``hpa.ScalingRules``."""
+    from autoscaler.policy import hpa
+
+    return hpa.ScalingRules(
+        float(b.stabilization_window_s),
+        hpa.SelectPolicy(b.select_policy),
+        tuple(hpa.ScalingPolicy(hpa.PolicyType(p.type), int(p.value), float(p.period_s)) for p in b.policies),
+    )
+
+
+def policy_config(models_cfg: Any, cluster_cfg: Any, **overrides: Any) -> "PolicyConfig":
+    """The pure core's ``PolicyConfig`` from loaded ``models.yaml`` / ``cluster.yaml``.
+
+    Lives here, at the edge, so ``policy/`` never imports the file-reading config layer.
+    """
+    from autoscaler.policy.decide import PolicyConfig
+
+    p = cluster_cfg.policy
+    kw: dict[str, Any] = {
+        "models": tuple(model_specs(models_cfg, cluster_cfg)),
+        "slo_p99_ms": {m.name: float(m.slo.p99_ms) for m in models_cfg.models},
+        "tick_s": float(p.tick_s),
+        "headroom": float(p.headroom),
+        "tolerance": float(p.tolerance),
+        "short_window_s": float(p.short_window_s),
+        "long_window_s": float(p.long_window_s),
+        "panic_threshold": float(p.panic_threshold),
+        "churn_budget": p.churn_budget,
+        "scale_up": rules_from_config(p.scale_up),
+        "scale_down": rules_from_config(p.scale_down),
+        "metrics_stale_s": float(p.metrics_stale_s),
+        "rightsize_window_s": float(p.rightsize_window_s),
+    }
+    kw.update(overrides)
+    return PolicyConfig(**kw)

@@ -1,0 +1,512 @@
+"""Typed configuration: ``models.yaml`` (what to serve) and ``cluster.yaml`` (where).
+
+This is the edge where a person's files enter the loop. Everything downstream
+-- the planner (``policy/``), the local emulation and the Kubernetes renderer --
+receives validated, frozen pydantic objects or the ``ModelSpec`` /
+``ClusterState`` values built from them, never raw dicts.
+
+Errors are data: every problem becomes one line ``path.to.field: message, got
+VALUE`` inside a ``ConfigError``; the CLI prints them and exits 2, never a
+traceback. YAML is read with size, alias and depth limits (``config/io.py``),
+so a hostile file cannot hang the loader or eat memory. Building the core's
+values and the cross-file checks live in ``config/build.py``; import all of
+it from here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from autoscaler.config.io import ConfigError, Problems, format_errors, load_yaml, short
+from autoscaler.mig import PRODUCTS, LayoutError, check_layout, get_product, parse_layout
+
+__all__ = [
+    "ClusterConfig",
+    "ConfigError",
+    "policy_config",
+    "GpuConfig",
+    "ModelConfig",
+    "ModelsConfig",
+    "PolicyConfig",
+    "initial_cluster_state",
+    "load_capacity_file",
+    "load_cluster",
+    "load_demand",
+    "load_models",
+    "load_yaml",
+    "measured_service_rates",
+    "model_specs",
+    "parse_cluster",
+    "parse_models",
+    "validate_pair",
+]
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+# ---------------------------------------------------------------- schema: models.yaml
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+def _dns_label(value: str) -> str:
+    if not DNS_LABEL.match(value):
+        raise PydanticCustomError(
+            "dns_label", "must be a DNS-1123 label (lowercase letters, digits and '-', 1-63 characters)"
+        )
+    return value
+
+
+def _known_profile(name: str) -> bool:
+    return any(name in prod.profiles for prod in PRODUCTS.values())
+
+
+class SloConfig(_Strict):
+    p99_ms: float = Field(gt=0, le=600_000, description="99th-percentile end-to-end latency target, ms")
+    queue_ms: float | None = Field(
+        default=None, gt=0, le=600_000, description="optional queue-time target, ms"
+    )
+
+
+class MultinodeConfig(_Strict):
+    nodes_per_group: int = Field(ge=1, le=64, description="nodes in one serving group (leader + workers)")
+    gpus_per_node: int = Field(default=1, ge=1, le=16)
+    tensor_parallel: int | None = Field(default=None, ge=1, le=1024, description="default: gpus_per_node")
+    pipeline_parallel: int | None = Field(default=None, ge=1, le=1024, description="default: nodes_per_group")
+    fabric: str | None = Field(
+        default=None, min_length=1, description="RDMA fabric every node of a group shares"
+    )
+    group_capacity_rps: float | None = Field(
+        default=None, gt=0, description="req/s one group sustains at the SLO"
+    )
+
+    @model_validator(mode="after")
+    def _world_size(self) -> MultinodeConfig:
+        p = Problems()
+        world = self.nodes_per_group * self.gpus_per_node
+        tp = self.tensor_parallel or self.gpus_per_node
+        pp = self.pipeline_parallel or self.nodes_per_group
+        if tp * pp != world:
+            p.add(
+                "tensor_parallel",
+                f"tensor_parallel x pipeline_parallel ({tp} x {pp}) must equal "
+                f"nodes_per_group x gpus_per_node ({world})",
+                self.tensor_parallel,
+            )
+        p.raise_if_any()
+        return self
+
+
+class ModelConfig(_Strict):
+    name: str = Field(description="unique DNS-1123 label, also the Triton model name")
+    model_dir: str = Field(min_length=1, description="Triton model directory, relative to models.yaml")
+    slo: SloConfig
+    profiles: list[str] | None = Field(default=None, min_length=1, description="allowed MIG profiles")
+    memory_gb: float | None = Field(default=None, gt=0, le=10_000, description="memory one replica needs")
+    min_replicas: int = Field(default=1, ge=0, le=1000)
+    max_replicas: int = Field(default=8, ge=1, le=1000)
+    high_availability: bool = Field(default=False, description=">= 2 replicas on distinct GPUs")
+    priority: int = Field(default=0, ge=-1000, le=1000, description="higher wins when the cluster is short")
+    backend: Literal["mig", "multinode"] = "mig"
+    multinode: MultinodeConfig | None = None
+    capacity: dict[str, Annotated[float, Field(gt=0, le=1e9)]] | None = Field(
+        default=None, description="profile -> req/s one replica sustains at the SLO"
+    )
+    capacity_file: str | None = Field(
+        default=None, min_length=1, description="YAML written by `migscale profile`"
+    )
+
+    _name = field_validator("name")(_dns_label)
+
+    @field_validator("profiles")
+    @classmethod
+    def _profile_names(cls, value: list[str] | None) -> list[str] | None:
+        p = Problems()
+        for i, prof in enumerate(value or ()):
+            if not _known_profile(prof):
+                p.add(i, "not a MIG profile of any known product (e.g. 1g.10gb, 3g.40gb)", prof)
+            elif prof in value[:i]:
+                p.add(i, "listed twice", prof)
+        p.raise_if_any()
+        return value
+
+    @field_validator("capacity")
+    @classmethod
+    def _capacity_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        p = Problems()
+        for prof in value or {}:
+            if not _known_profile(prof):
+                p.add(prof, "not a MIG profile of any known product (e.g. 1g.10gb, 3g.40gb)", prof)
+        p.raise_if_any()
+        return value
+
+    @model_validator(mode="after")
+    def _cross_fields(self) -> ModelConfig:
+        p = Problems()
+        if self.min_replicas > self.max_replicas:
+            p.add("min_replicas", f"must be <= max_replicas ({self.max_replicas})", self.min_replicas)
+        if self.high_availability and self.max_replicas < 2:
+            p.add("max_replicas", "high_availability needs max_replicas >= 2", self.max_replicas)
+        if self.backend == "multinode":
+            if self.multinode is None:
+                p.add("multinode", "required when backend is 'multinode'", None)
+            for fld in ("profiles", "capacity", "capacity_file"):
+                if getattr(self, fld) is not None:
+                    p.add(
+                        fld,
+                        "not used by backend 'multinode' (it takes whole GPUs; "
+                        "give multinode.group_capacity_rps)",
+                        getattr(self, fld),
+                    )
+        elif self.multinode is not None:
+            p.add("multinode", "only valid with backend: multinode", self.backend)
+        p.raise_if_any()
+        return self
+
+
+class ModelsConfig(_Strict):
+    models: list[ModelConfig] = Field(min_length=1)
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+
+    @model_validator(mode="after")
+    def _unique(self) -> ModelsConfig:
+        p = Problems()
+        seen: dict[str, int] = {}
+        for i, m in enumerate(self.models):
+            if m.name in seen:
+                p.add(("models", i, "name"), f"duplicate model name (also models[{seen[m.name]}])", m.name)
+            seen.setdefault(m.name, i)
+        p.raise_if_any()
+        return self
+
+    @property
+    def base_dir(self) -> Path:
+        """Folder relative paths in the file resolve against (the YAML's folder)."""
+        return self._base_dir
+
+    def resolve(self, relpath: str) -> Path:
+        p = Path(relpath)
+        return p if p.is_absolute() else (self._base_dir / p)
+
+    def get(self, name: str) -> ModelConfig:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+
+# ---------------------------------------------------------------- schema: cluster.yaml
+
+
+def _as_tuple(field: Any) -> tuple:
+    return field if isinstance(field, tuple) else (field,)
+
+
+def _product(value: str) -> str:
+    if value not in PRODUCTS:
+        raise PydanticCustomError(
+            "product", "unknown GPU product; known: {known}", {"known": ", ".join(PRODUCTS)}
+        )
+    return value
+
+
+class GpuConfig(_Strict):
+    node: str
+    product: str
+    count: int = Field(default=1, ge=1, le=64)
+    emulated: bool = True
+    layout: list[str] | None = Field(
+        default=None, description='initial layout of every GPU, e.g. ["3g.40gb@0"]'
+    )
+    layouts: list[list[str]] | None = Field(
+        default=None, description="initial layout per GPU (count entries)"
+    )
+
+    _node = field_validator("node")(_dns_label)
+    _prod = field_validator("product")(_product)
+
+    def gpu_layouts(self) -> list[tuple]:
+        """The parsed initial layout of each of the ``count`` GPUs."""
+        raw = self.layouts if self.layouts is not None else [self.layout or []] * self.count
+        return [parse_layout(",".join(lay)) for lay in raw]
+
+    @model_validator(mode="after")
+    def _check_layouts(self) -> GpuConfig:
+        p = Problems()
+        if self.layout is not None and self.layouts is not None:
+            p.add(
+                "layouts",
+                "give either layout (same for every GPU) or layouts (one per GPU), not both",
+                self.layouts,
+            )
+        if self.layouts is not None and len(self.layouts) != self.count:
+            p.add(
+                "layouts",
+                f"needs one layout per GPU: {self.count} (count), not {len(self.layouts)}",
+                self.layouts,
+            )
+        product = get_product(self.product)
+        entries: list[tuple[Any, list[str]]] = []
+        if self.layout is not None:
+            entries.append(("layout", self.layout))
+        for i, lay in enumerate(self.layouts or ()):
+            entries.append((("layouts", i), lay))
+        for field, lay in entries:
+            placements = []
+            index: dict[str, int] = {}  # "3g.40gb@4" -> position in the list, to name the entry
+            for j, item in enumerate(lay):
+                try:
+                    parsed = parse_layout(item)
+                except LayoutError as exc:
+                    p.add((*_as_tuple(field), j), f"bad placement: {exc}", item)
+                    continue
+                placements.extend(parsed)
+                index.update({str(pl): j for pl in parsed})
+            for problem in check_layout(product, placements):
+                head, sep, rest = problem.partition(": ")
+                if sep and head in index:
+                    # check_layout ends some messages with its own ", got START"; the entry is quoted instead
+                    rest = re.sub(r", got \S+$", "", rest)
+                    p.add(
+                        (*_as_tuple(field), index[head]),
+                        f"impossible on {self.product}: {rest}",
+                        lay[index[head]],
+                    )
+                else:
+                    p.add(field, f"impossible layout on {self.product}: {problem}", lay)
+        p.raise_if_any()
+        return self
+
+
+class RdmaNode(_Strict):
+    name: str
+    product: str
+    gpus: int = Field(default=1, ge=1, le=16)
+    fabric: str = Field(min_length=1)
+    emulated: bool = True
+
+    _name = field_validator("name")(_dns_label)
+    _prod = field_validator("product")(_product)
+
+
+class NcclConfig(_Strict):
+    ib_hca: str = "mlx5_0:1"
+    net_gdr_level: Literal["LOC", "PIX", "PXB", "PHB", "SYS"] = "PHB"
+    socket_ifname: str = "eth0"
+    ib_gid_index: int = Field(default=3, ge=0, le=255)
+
+
+class RdmaPool(_Strict):
+    fabric_label: str = "migscale.io/fabric"
+    nodes: list[RdmaNode] = Field(min_length=1)
+    nccl: NcclConfig = NcclConfig()
+    rdma_resource: str = "rdma/rdma_shared_device_a"
+
+    @model_validator(mode="after")
+    def _unique(self) -> RdmaPool:
+        p = Problems()
+        seen: set[str] = set()
+        for i, n in enumerate(self.nodes):
+            if n.name in seen:
+                p.add(("nodes", i, "name"), "duplicate RDMA node name", n.name)
+            seen.add(n.name)
+        p.raise_if_any()
+        return self
+
+
+class ScalingPolicy(_Strict):
+    """One HPA ``behavior`` policy: change at most ``value`` pods or percent per ``period_s``."""
+
+    type: Literal["Pods", "Percent"]
+    value: int = Field(gt=0, le=100_000)
+    period_s: float = Field(gt=0, le=1800)  # HPA caps periodSeconds at 1800
+
+
+class ScalingBehavior(_Strict):
+    """HPA ``behavior.scaleUp``/``scaleDown``. A field left out takes the Kubernetes default
+    for its direction (``PolicyConfig`` fills it), as the API server's defaulting does."""
+
+    stabilization_window_s: float = Field(default=0, ge=0, le=3600)  # HPA cap: 3600 s
+    select_policy: Literal["Max", "Min", "Disabled"] = "Max"
+    policies: list[ScalingPolicy] = Field(default_factory=list)
+
+    @field_validator("policies")
+    @classmethod
+    def _some(cls, v: list[ScalingPolicy]) -> list[ScalingPolicy]:
+        # Kubernetes rejects an empty list ("at least one Policy"); here it would freeze the
+        # direction silently. Leave the key out for the defaults, or use select_policy: Disabled.
+        if not v:
+            raise ValueError("must list at least one policy (leave it out for the Kubernetes default, "
+                             "or set select_policy: Disabled)")
+        return v
+
+
+def _hpa_up() -> ScalingBehavior:
+    # Kubernetes defaults (FACTS.md §6): no stabilization, +100% or +4 pods per 15 s.
+    return ScalingBehavior(
+        stabilization_window_s=0,
+        select_policy="Max",
+        policies=[
+            ScalingPolicy(type="Percent", value=100, period_s=15),
+            ScalingPolicy(type="Pods", value=4, period_s=15),
+        ],
+    )
+
+
+def _hpa_down() -> ScalingBehavior:
+    # Kubernetes defaults: 300 s stabilization, -100% per 15 s.
+    return ScalingBehavior(
+        stabilization_window_s=300,
+        select_policy="Max",
+        policies=[ScalingPolicy(type="Percent", value=100, period_s=15)],
+    )
+
+
+class PolicyConfig(_Strict):
+    tick_s: float = Field(default=5, gt=0, le=3600)
+    headroom: float = Field(default=0.2, ge=0, le=10, description="plan capacity = demand * (1 + headroom)")
+    tolerance: float = Field(default=0.1, ge=0, lt=1)
+    short_window_s: float = Field(default=10, gt=0, le=3600)
+    long_window_s: float = Field(default=60, gt=0, le=86_400)
+    panic_threshold: float = Field(default=2.0, ge=1, le=100)
+    churn_budget: int = Field(default=4, ge=1, le=1000, description="max create+delete actions per tick")
+    scale_up: ScalingBehavior = Field(default_factory=_hpa_up)
+    scale_down: ScalingBehavior = Field(default_factory=_hpa_down)
+
+    @field_validator("scale_up", "scale_down", mode="before")
+    @classmethod
+    def _defaults_per_field(cls, v: Any, info: Any) -> Any:
+        # `scale_down: {stabilization_window_s: 120}` keeps the default policies (Kubernetes
+        # defaulting works field by field), instead of ending up with none.
+        if isinstance(v, dict):
+            base = (_hpa_up if info.field_name == "scale_up" else _hpa_down)().model_dump()
+            return {**base, **v}
+        return v
+    metrics_stale_s: float = Field(default=60, gt=0, le=86_400)
+    rightsize_window_s: float = Field(
+        default=1800, ge=0, le=86_400,
+        description="swap a replica for a smaller MIG profile once demand has stayed low this long; 0 = never",
+    )
+
+    @model_validator(mode="after")
+    def _windows(self) -> PolicyConfig:
+        p = Problems()
+        if self.short_window_s > self.long_window_s:
+            p.add("short_window_s", f"must be <= long_window_s ({self.long_window_s:g})", self.short_window_s)
+        p.raise_if_any()
+        return self
+
+
+class LocalConfig(_Strict):
+    tritonserver: str | None = Field(default=None, description="path; default: the nvidia-pytriton wheel's")
+    run_dir: str = ".migscale"
+    frontdoor_port: int = Field(default=8000, ge=0, le=65535, description="0 = pick a free port")
+    api_port: int = Field(default=8080, ge=0, le=65535, description="0 = pick a free port")
+    prometheus: Literal["auto", "off"] = "auto"
+    model_repository: str = "triton_models"
+
+    @model_validator(mode="after")
+    def _ports(self) -> LocalConfig:
+        p = Problems()
+        if self.frontdoor_port and self.frontdoor_port == self.api_port:
+            p.add("api_port", "must differ from frontdoor_port", self.api_port)
+        p.raise_if_any()
+        return self
+
+
+class ClusterConfig(_Strict):
+    namespace: str = "default"
+    gpus: list[GpuConfig] = Field(default_factory=list)
+    rdma_pool: RdmaPool | None = None
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    local: LocalConfig = Field(default_factory=LocalConfig)
+
+    _ns = field_validator("namespace")(_dns_label)
+
+    @model_validator(mode="after")
+    def _cross(self) -> ClusterConfig:
+        p = Problems()
+        if not self.gpus and self.rdma_pool is None:
+            p.add("gpus", "the cluster has no GPUs (give gpus or rdma_pool)", self.gpus)
+        mig_nodes = {g.node for g in self.gpus}
+        for i, n in enumerate(self.rdma_pool.nodes if self.rdma_pool else ()):
+            if n.name in mig_nodes:
+                p.add(
+                    ("rdma_pool", "nodes", i, "name"),
+                    "also listed under gpus; a node is MIG or RDMA pool, not both",
+                    n.name,
+                )
+        p.raise_if_any()
+        return self
+
+    def products(self) -> list[str]:
+        """Products of the MIG GPUs, in file order, without duplicates."""
+        return list(dict.fromkeys(g.product for g in self.gpus))
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _validate(cls: type[BaseModel], data: Any, path: Path | None) -> Any:
+    where = f"{path}: " if path else ""
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [f"{where}(top level): must be a mapping, got {type(data).__name__} {short(data, 40)}"], path
+        )
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_errors(exc, cls), path) from None
+    except RecursionError:
+        raise ConfigError([f"{where}structure too deeply nested"], path) from None
+
+
+def parse_models(data: Any, base_dir: str | Path | None = None) -> ModelsConfig:
+    """Validate an already-parsed models document (tests, API); ConfigError on problems."""
+    cfg = _validate(ModelsConfig, data, None)
+    cfg._base_dir = Path(base_dir) if base_dir is not None else Path.cwd()
+    return cfg
+
+
+def parse_cluster(data: Any) -> ClusterConfig:
+    return _validate(ClusterConfig, data, None)
+
+
+def load_models(path: str | Path) -> ModelsConfig:
+    """Read and validate ``models.yaml``; relative paths in it resolve against its folder."""
+    p = Path(path)
+    cfg = _validate(ModelsConfig, load_yaml(p), p)
+    cfg._base_dir = p.resolve().parent
+    return cfg
+
+
+def load_cluster(path: str | Path) -> ClusterConfig:
+    p = Path(path)
+    return _validate(ClusterConfig, load_yaml(p), p)
+
+
+# Re-exported: the public config API lives in one import.
+from autoscaler.config.build import (
+    initial_cluster_state,
+    load_capacity_file,
+    load_demand,
+    measured_service_rates,
+    model_specs,
+    policy_config,
+    validate_pair,
+)

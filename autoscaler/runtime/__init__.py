@@ -1,0 +1,1 @@
+"""Drivers: the one run loop and what runs it (local controller, Kubernetes controller, demo, profile)."""

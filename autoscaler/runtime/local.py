@@ -1,0 +1,142 @@
+"""The local controller: one process that wires the whole loop on one machine.
+
+``migscale up`` and ``migscale demo`` both run this. It composes the pieces
+each capability ships, and nothing else:
+
+    LocalCluster (act/)  -- Inventory + Actuator: tritonserver replicas, nginx, Prometheus
+    PrometheusSource / ScrapeSource (observe/) -- MetricsSource
+    ControlLoop (loop.py) -- observe -> decide (policy/) -> act, every policy.tick_s
+    ApiState + create_app (api/) -- custom/external metrics, /metrics, /v1/plan, /v1/status, /ui
+
+The loop runs on the supervision thread's ``on_tick`` hook, so the 1 s status
+refresh and the tick share one clock and never race on the same replica.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from autoscaler.act.local.cluster import LocalCluster
+from autoscaler.api.app import create_app
+from autoscaler.api.server import ServerHandle, serve_in_thread
+from autoscaler.api.state import ApiState
+from autoscaler.clock import WallClock
+from autoscaler.config import ClusterConfig, ModelsConfig, model_specs, policy_config
+from autoscaler.loop import ControlLoop, TickResult
+from autoscaler.observe.prometheus import PrometheusSource
+from autoscaler.observe.scrape import ScrapeSource
+
+from autoscaler.policy.types import ReplicaState
+
+# The local backend's emulated repartition takes no time (see act/local/cluster.py).
+LOCAL_REPARTITION_S = 0.0
+
+
+class LocalController:
+    """Owns the loop and the metrics API around a started-or-not LocalCluster."""
+
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        models_cfg: ModelsConfig,
+        cluster_cfg: ClusterConfig,
+        *,
+        on_result: Callable[[TickResult], None] | None = None,
+        window_s: float | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.models_cfg = models_cfg
+        self.cluster_cfg = cluster_cfg
+        self.specs = model_specs(models_cfg, cluster_cfg)
+        # Emulated MIG: a repartition rewrites a declared layout at once, so the
+        # planner may cut the most efficient slices even in a burst (no fast path).
+        self.policy = policy_config(models_cfg, cluster_cfg, repartition_s=LOCAL_REPARTITION_S)
+        self.slo_p99_ms = {m.name: float(m.slo.p99_ms) for m in models_cfg.models}
+        self.api_state = ApiState(cluster_cfg.namespace)
+        self.api: ServerHandle | None = None
+        self.loop: ControlLoop | None = None
+        self.on_result = on_result
+        # Rates over a window of ~3 ticks: long enough for two Prometheus
+        # samples at a 2 s scrape, short enough to see a spike within a tick or two.
+        self.window_s = window_s or max(10.0, 3 * float(cluster_cfg.policy.tick_s))
+        self._tick_lock = threading.Lock()
+        self._tick_s: float | None = None  # last tick's duration, for /metrics
+
+    # ------------------------------------------------------------ wiring
+    def _source(self):
+        c = self.cluster
+        stale = float(self.cluster_cfg.policy.metrics_stale_s)
+        if c.prometheus_url:
+            return PrometheusSource(c.prometheus_url, window_s=self.window_s, metrics_stale_s=stale)
+
+        def targets() -> dict[str, tuple[str, str]]:
+            return {
+                r.id: (r.model, r.process.url_metrics)
+                for r in c.replicas()
+                if r.state is ReplicaState.READY
+            }
+
+        return ScrapeSource(targets, window_s=self.window_s, long_window_s=2 * self.window_s,
+                            metrics_stale_s=stale)
+
+    def start_api(self) -> ServerHandle:
+        app = create_app(self.api_state)
+        self.api = serve_in_thread(app, "127.0.0.1", self.cluster.api_port)
+        return self.api
+
+    def build_loop(self) -> ControlLoop:
+        self.loop = ControlLoop(
+            self._source(),
+            self.cluster,
+            self.cluster,
+            self.policy,
+            WallClock(),
+            decision_log=self.cluster.run_dir / "decisions.jsonl",
+            on_tick=self._published,
+        )
+        return self.loop
+
+    def _published(self, result: TickResult) -> None:
+        self.publish(result)
+        if self.on_result is not None:
+            self.on_result(result)
+
+    def publish(self, result: TickResult | None = None) -> None:
+        """Push the latest picture to the metrics API (and so to /ui and HPA readers)."""
+        obs = self.loop.last_observation if self.loop else None
+        plan = result.plan if result is not None else None
+        status = self.cluster.status(controller_pid=os.getpid())
+        self.api_state.update(
+            obs,
+            plan,
+            self.cluster.snapshot(),
+            self.specs,
+            status=status,
+            slo_p99_ms=self.slo_p99_ms,
+            t_s=time.time(),
+            tick_duration_s=self._tick_s,
+            plan_duration_s=self.loop.last_decide_s if self.loop else None,
+        )
+
+    # ------------------------------------------------------------ the hook
+    def on_tick(self, cluster: LocalCluster) -> None:
+        """Called by run_controller every policy.tick_s on the supervision thread."""
+        if self.loop is None:
+            self.build_loop()
+        with self._tick_lock:
+            t0 = time.perf_counter()
+            self.loop.tick()
+            self._tick_s = time.perf_counter() - t0
+
+    def stop(self) -> None:
+        if self.api is not None:
+            self.api.stop()
+            self.api = None
+
+
+def decision_log_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "decisions.jsonl"
