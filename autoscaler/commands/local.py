@@ -23,7 +23,7 @@ import typer
 
 from autoscaler.act.local.cluster import LocalCluster
 from autoscaler.act.local.pids import ProcRecord, load_records, stop_recorded, write_json_atomic
-from autoscaler.act.local.setup import SetupError, cluster_from_config, initial_actions
+from autoscaler.runtime.local_setup import SetupError, cluster_from_config, initial_actions
 from autoscaler.commands._common import fail, load_or_exit
 from autoscaler.config import ClusterConfig, ModelsConfig
 from autoscaler.status import render_table

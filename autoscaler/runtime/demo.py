@@ -25,7 +25,7 @@ from rich.panel import Panel
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from autoscaler.act.local.setup import cluster_from_config
+from autoscaler.runtime.local_setup import cluster_from_config
 from autoscaler.commands.loadtest import build_command
 from autoscaler.config import ClusterConfig, ModelsConfig
 from autoscaler.runtime.local import LocalController

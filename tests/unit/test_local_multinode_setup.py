@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autoscaler.act.local.setup import initial_actions, local_gpus
+from autoscaler.runtime.local_setup import initial_actions, local_gpus
 from autoscaler.config import load_cluster, load_models, model_specs
 from autoscaler.policy.planner import plan
 from autoscaler.policy.types import ActionKind, ClusterState, Replica, ReplicaState

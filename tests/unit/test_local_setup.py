@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autoscaler.act.local.probe import ReplicaCounters, load_between, parse_counters
-from autoscaler.act.local.setup import initial_actions, local_gpus
+from autoscaler.runtime.local_setup import initial_actions, local_gpus
 from autoscaler.config import parse_cluster, parse_models
 from autoscaler.policy.types import ActionKind, ClusterState, Replica, ReplicaState
 from autoscaler.status import ReplicaEndpoint, ReplicaNumbers, build_status, render_table
