@@ -7,7 +7,8 @@ imports this module; ``loop.py`` does.
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from autoscaler.policy.types import Action, ClusterState, ModelSignals, ReplicaSignals
 

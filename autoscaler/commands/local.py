@@ -16,77 +16,21 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import typer
 
-from autoscaler.act.local.cluster import LocalCluster
 from autoscaler.act.local.pids import ProcRecord, load_records, stop_recorded, write_json_atomic
-from autoscaler.runtime.local_setup import SetupError, cluster_from_config, initial_actions
 from autoscaler.commands._common import fail, load_or_exit
-from autoscaler.config import ClusterConfig, ModelsConfig
+from autoscaler.runtime.local import LocalController, run_controller
+from autoscaler.runtime.local_setup import SetupError, cluster_from_config
 from autoscaler.status import render_table
 
-STATUS_EVERY_S = 1.0
 EXIT_NOT_RUNNING = 1
 
 
 def _say(msg: str) -> None:
     typer.echo(msg)
-
-
-def run_controller(
-    cluster: LocalCluster,
-    models_cfg: ModelsConfig,
-    cluster_cfg: ClusterConfig,
-    stop: threading.Event,
-    on_tick: Callable[[LocalCluster], None] | None = None,
-    *,
-    say: Callable[[str], None] = _say,
-) -> None:
-    """Start the stack, place min_replicas, supervise until ``stop`` is set, stop everything.
-
-    Every second: scrape replica loads, rewrite ``run_dir/status.json``
-    atomically. Every ``policy.tick_s``: call ``on_tick(cluster)`` (the control
-    loop's hook; an exception there is printed, never fatal).
-    """
-    status_path = cluster.run_dir / "status.json"
-    try:
-        if not cluster.started:
-            cluster.start()
-        say(f"front door:  {cluster.frontdoor_url}")
-        say(f"metrics API: {cluster.metrics_api_url}")
-        say(cluster.prom.banner())
-        _write_status(cluster, status_path)
-        for err in cluster.apply(initial_actions(models_cfg, cluster_cfg, cluster.snapshot())):
-            say(f"warning: {err}")
-        for r in cluster.replicas():
-            say(f"replica {r.id}: {r.model} on {r.profile} {r.gpu}@{r.start} port {r.port} {r.state.value}")
-        tick_s = float(cluster_cfg.policy.tick_s)
-        next_tick = time.monotonic() + tick_s
-        seen_events = len(cluster.events)
-        while not stop.is_set():
-            cluster.refresh_loads()
-            _write_status(cluster, status_path)
-            for e in cluster.events[seen_events:] if len(cluster.events) >= seen_events else cluster.events:
-                say(e)
-            seen_events = len(cluster.events)
-            if on_tick is not None and time.monotonic() >= next_tick:
-                next_tick = time.monotonic() + tick_s
-                try:
-                    on_tick(cluster)
-                except Exception as e:  # the loop holds; supervision goes on
-                    say(f"tick failed: {type(e).__name__}: {e}")
-            stop.wait(STATUS_EVERY_S)
-    finally:
-        say("stopping: front door, replicas, prometheus")
-        cluster.stop()
-        status_path.unlink(missing_ok=True)
-
-
-def _write_status(cluster: LocalCluster, path: Path) -> None:
-    write_json_atomic(path, cluster.status(controller_pid=os.getpid()))
 
 
 # ---------------------------------------------------------------- run dir bookkeeping
@@ -168,14 +112,12 @@ def register(app: typer.Typer) -> None:
 
         old = {s: signal.signal(s, _stop) for s in (signal.SIGINT, signal.SIGTERM)}
         # The control loop (observe -> decide -> act) and the metrics API / web view.
-        from autoscaler.runtime.local import LocalController
-
         ctl = LocalController(lc, models_cfg, cluster_cfg)
         try:
             if control:
                 api = ctl.start_api()
                 _say(f"web view:    {api.url}/ui")
-            run_controller(lc, models_cfg, cluster_cfg, stop, ctl.on_tick if control else None)
+            run_controller(lc, models_cfg, cluster_cfg, stop, ctl.on_tick if control else None, say=_say)
         except Exception as e:
             _say(f"error: {type(e).__name__}: {e}")
             raise typer.Exit(1)

@@ -1,9 +1,51 @@
 """Typed configuration: ``models.yaml`` and ``cluster.yaml``, validated with precise errors.
 
 ``schema`` holds the pydantic models, ``io`` the bounded YAML reader and the
-error formatting, ``build`` turns validated config into the core's values.
-The public API is importable from ``autoscaler.config``.
+error formatting, ``build`` turns validated config into the core's values
+(``ModelSpec``, ``PolicyConfig``, the initial ``ClusterState``) and runs the
+cross-file checks. Import the public API from here.
 """
 
-from autoscaler.config.schema import *  # noqa: F401,F403
-from autoscaler.config.schema import __all__  # noqa: F401
+from autoscaler.config.build import (
+    initial_cluster_state,
+    load_capacity_file,
+    load_demand,
+    measured_service_rates,
+    model_specs,
+    policy_config,
+    validate_pair,
+)
+from autoscaler.config.schema import (
+    ClusterConfig,
+    ConfigError,
+    GpuConfig,
+    ModelConfig,
+    ModelsConfig,
+    PolicyConfig,
+    load_cluster,
+    load_models,
+    load_yaml,
+    parse_cluster,
+    parse_models,
+)
+
+__all__ = [
+    "ClusterConfig",
+    "ConfigError",
+    "GpuConfig",
+    "ModelConfig",
+    "ModelsConfig",
+    "PolicyConfig",
+    "initial_cluster_state",
+    "load_capacity_file",
+    "load_cluster",
+    "load_demand",
+    "load_models",
+    "load_yaml",
+    "measured_service_rates",
+    "model_specs",
+    "parse_cluster",
+    "parse_models",
+    "policy_config",
+    "validate_pair",
+]

@@ -5,7 +5,7 @@ the ``ModelSpec`` and ``ClusterState`` values the planner (``policy/``) and
 the simulator consume; ``validate_pair`` finds what only shows with both
 ``models.yaml`` and ``cluster.yaml`` (a profile no GPU in the cluster has, a
 multinode model without an RDMA pool big enough, a missing model directory).
-Import these from ``autoscaler.config.schema``.
+Import these from ``autoscaler.config``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from autoscaler.mig import get_product
 from autoscaler.policy.types import ClusterState, GpuState, ModelSpec
 
 if TYPE_CHECKING:
+    from autoscaler.config.schema import ClusterConfig, ModelConfig, ModelsConfig
     from autoscaler.policy import hpa
     from autoscaler.policy.decide import PolicyConfig
-    from autoscaler.config import ClusterConfig, ModelConfig, ModelsConfig
 
 
 def load_capacity_file(path: str | Path) -> dict[str, dict[str, float]]:
@@ -363,7 +363,7 @@ def _multinode_problems(at: str, m: ModelConfig, cluster: ClusterConfig, require
     return out
 
 
-def rules_from_config(b: Any) -> "hpa.ScalingRules":
+def rules_from_config(b: Any) -> hpa.ScalingRules:
     """cluster.yaml ``scale_up``/``scale_down`` (pydantic) -> ``hpa.ScalingRules``."""
     from autoscaler.policy import hpa
 
@@ -374,7 +374,7 @@ def rules_from_config(b: Any) -> "hpa.ScalingRules":
     )
 
 
-def policy_config(models_cfg: Any, cluster_cfg: Any, **overrides: Any) -> "PolicyConfig":
+def policy_config(models_cfg: Any, cluster_cfg: Any, **overrides: Any) -> PolicyConfig:
     """The pure core's ``PolicyConfig`` from loaded ``models.yaml`` / ``cluster.yaml``.
 
     Lives here, at the edge, so ``policy/`` never imports the file-reading config layer.

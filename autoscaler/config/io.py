@@ -1,6 +1,6 @@
 """Reading configuration files safely and turning validation errors into lines.
 
-Part of the config edge (``autoscaler/config/schema.py`` is the public face). A file
+Part of the config edge (``autoscaler.config`` is the public face). A file
 that a person or a tool hands the loop may be wrong, huge or hostile; this
 module makes each failure one line ``path.to.field: message, got VALUE`` in a
 ``ConfigError`` and refuses, before anything large is built: files over

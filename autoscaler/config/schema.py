@@ -9,8 +9,8 @@ Errors are data: every problem becomes one line ``path.to.field: message, got
 VALUE`` inside a ``ConfigError``; the CLI prints them and exits 2, never a
 traceback. YAML is read with size, alias and depth limits (``config/io.py``),
 so a hostile file cannot hang the loader or eat memory. Building the core's
-values and the cross-file checks live in ``config/build.py``; import all of
-it from here.
+values and the cross-file checks live in ``config/build.py``; the package
+``autoscaler.config`` re-exports both.
 """
 
 from __future__ import annotations
@@ -36,22 +36,15 @@ from autoscaler.mig import PRODUCTS, LayoutError, check_layout, get_product, par
 __all__ = [
     "ClusterConfig",
     "ConfigError",
-    "policy_config",
     "GpuConfig",
     "ModelConfig",
     "ModelsConfig",
     "PolicyConfig",
-    "initial_cluster_state",
-    "load_capacity_file",
     "load_cluster",
-    "load_demand",
     "load_models",
     "load_yaml",
-    "measured_service_rates",
-    "model_specs",
     "parse_cluster",
     "parse_models",
-    "validate_pair",
 ]
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -498,15 +491,3 @@ def load_models(path: str | Path) -> ModelsConfig:
 def load_cluster(path: str | Path) -> ClusterConfig:
     p = Path(path)
     return _validate(ClusterConfig, load_yaml(p), p)
-
-
-# Re-exported: the public config API lives in one import.
-from autoscaler.config.build import (
-    initial_cluster_state,
-    load_capacity_file,
-    load_demand,
-    measured_service_rates,
-    model_specs,
-    policy_config,
-    validate_pair,
-)

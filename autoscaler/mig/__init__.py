@@ -6,10 +6,9 @@ and the Kubernetes renderer -- asks this package, so the placement rules live
 in exactly one place.
 """
 
-from autoscaler.mig.products import PRODUCTS, STANDARD_KINDS, Product, Profile, get_product
 from autoscaler.mig.layout import (
-    Placement,
     LayoutError,
+    Placement,
     best_start,
     check_layout,
     free_starts,
@@ -17,18 +16,19 @@ from autoscaler.mig.layout import (
     maximal_layouts,
     parse_layout,
 )
+from autoscaler.mig.products import PRODUCTS, STANDARD_KINDS, Product, Profile, get_product
 
 __all__ = [
     "PRODUCTS",
     "STANDARD_KINDS",
+    "LayoutError",
+    "Placement",
     "Product",
     "Profile",
-    "get_product",
-    "Placement",
-    "LayoutError",
     "best_start",
     "check_layout",
     "free_starts",
+    "get_product",
     "is_maximal",
     "maximal_layouts",
     "parse_layout",

@@ -9,9 +9,9 @@ A100/H100 has exactly 19 maximal layouts (FACTS.md §1); a test pins that.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable, Sequence
 
 from autoscaler.mig.products import STANDARD_KINDS, Product, Profile
 

@@ -8,9 +8,9 @@ policy treats None as "unknown" and follows the HPA's missing-data rules.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Mapping
 
 from autoscaler.mig.layout import Placement
 

@@ -25,10 +25,9 @@ from rich.panel import Panel
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from autoscaler.runtime.local_setup import cluster_from_config
-from autoscaler.commands.loadtest import build_command
 from autoscaler.config import ClusterConfig, ModelsConfig
-from autoscaler.runtime.local import LocalController
+from autoscaler.loop import TickResult
+from autoscaler.policy.types import ActionKind
 from autoscaler.runtime.demo_report import (
     Sample,
     locust_p99_history,
@@ -39,8 +38,9 @@ from autoscaler.runtime.demo_report import (
     summary_markdown,
     write_samples,
 )
-from autoscaler.loop import TickResult
-from autoscaler.policy.types import ActionKind
+from autoscaler.runtime.loadtest import build_command
+from autoscaler.runtime.local import LocalController
+from autoscaler.runtime.local_setup import cluster_from_config
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ def _port_or_free(port: int) -> int:
 def run_demo(models_path: Path, models_cfg: ModelsConfig, cluster_cfg: ClusterConfig, results: Path, *,
              live: bool = True,
              script: DemoScript | None = None, reaction_s: float = 35.0, console: Console | None = None) -> int:
-    from autoscaler.commands.local import run_controller
+    from autoscaler.runtime.local import run_controller
 
     console = console or Console()
     results = results.resolve()

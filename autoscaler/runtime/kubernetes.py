@@ -45,15 +45,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoscaler.act.kubernetes.leader import LeaseElector
 from autoscaler.act.kubernetes.backend import KubernetesBackend
+from autoscaler.act.kubernetes.leader import LeaseElector
 from autoscaler.api.app import create_app
 from autoscaler.api.server import ServerHandle, serve_in_thread
 from autoscaler.api.state import ApiState
 from autoscaler.api.tls import TlsSettings
 from autoscaler.clock import Clock, WallClock
-from autoscaler.loop import ControlLoop, TickResult, action_json
 from autoscaler.config import policy_config
+from autoscaler.loop import ControlLoop, TickResult, action_json
 from autoscaler.policy.types import Action, Plan
 from autoscaler.protocols import MetricsSource
 

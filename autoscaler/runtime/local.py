@@ -17,10 +17,11 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from autoscaler.act.local.cluster import LocalCluster
+from autoscaler.act.local.pids import write_json_atomic
 from autoscaler.api.app import create_app
 from autoscaler.api.server import ServerHandle, serve_in_thread
 from autoscaler.api.state import ApiState
@@ -29,8 +30,10 @@ from autoscaler.config import ClusterConfig, ModelsConfig, model_specs, policy_c
 from autoscaler.loop import ControlLoop, TickResult
 from autoscaler.observe.prometheus import PrometheusSource
 from autoscaler.observe.scrape import ScrapeSource
-
 from autoscaler.policy.types import ReplicaState
+from autoscaler.runtime.local_setup import initial_actions
+
+STATUS_EVERY_S = 1.0
 
 # The local backend's emulated repartition takes no time (see act/local/cluster.py).
 LOCAL_REPARTITION_S = 0.0
@@ -140,3 +143,60 @@ class LocalController:
 
 def decision_log_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / "decisions.jsonl"
+
+
+def run_controller(
+    cluster: LocalCluster,
+    models_cfg: ModelsConfig,
+    cluster_cfg: ClusterConfig,
+    stop: threading.Event,
+    on_tick: Callable[[LocalCluster], None] | None = None,
+    *,
+    say: Callable[[str], None] = print,
+) -> None:
+    """Start the stack, place min_replicas, supervise until ``stop`` is set, stop everything.
+
+    Every second: scrape replica loads, rewrite ``run_dir/status.json``
+    atomically. Every ``policy.tick_s``: call ``on_tick(cluster)`` (the control
+    loop's hook; an exception there is printed, never fatal).
+    """
+    status_path = cluster.run_dir / "status.json"
+    try:
+        if not cluster.started:
+            cluster.start()
+        say(f"front door:  {cluster.frontdoor_url}")
+        say(f"metrics API: {cluster.metrics_api_url}")
+        say(cluster.prom.banner())
+        _write_status(cluster, status_path)
+        for err in cluster.apply(initial_actions(models_cfg, cluster_cfg, cluster.snapshot())):
+            say(f"warning: {err}")
+        for r in cluster.replicas():
+            say(f"replica {r.id}: {r.model} on {r.profile} {r.gpu}@{r.start} port {r.port} {r.state.value}")
+        tick_s = float(cluster_cfg.policy.tick_s)
+        next_tick = time.monotonic() + tick_s
+        seen_events = len(cluster.events)
+        while not stop.is_set():
+            cluster.refresh_loads()
+            _write_status(cluster, status_path)
+            for e in cluster.events[seen_events:] if len(cluster.events) >= seen_events else cluster.events:
+                say(e)
+            seen_events = len(cluster.events)
+            if on_tick is not None and time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + tick_s
+                try:
+                    on_tick(cluster)
+                except Exception as e:  # the loop holds; supervision goes on
+                    say(f"tick failed: {type(e).__name__}: {e}")
+            stop.wait(STATUS_EVERY_S)
+    finally:
+        say("stopping: front door, replicas, prometheus")
+        cluster.stop()
+        status_path.unlink(missing_ok=True)
+
+
+def _write_status(cluster: LocalCluster, path: Path) -> None:
+    write_json_atomic(path, cluster.status(controller_pid=os.getpid()))
+
+
+def _write_status(cluster: LocalCluster, path: Path) -> None:
+    write_json_atomic(path, cluster.status(controller_pid=os.getpid()))

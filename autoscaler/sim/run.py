@@ -33,8 +33,8 @@ import numpy as np
 
 from autoscaler.clock import VirtualClock
 from autoscaler.mig import Placement, get_product
-from autoscaler.sim import baselines as bl
 from autoscaler.policy.types import ClusterState, GpuState, ModelSpec, Replica, ReplicaState
+from autoscaler.sim import baselines as bl
 from autoscaler.sim.cluster import SimCluster, SimConfig
 from autoscaler.sim.traces import Trace
 

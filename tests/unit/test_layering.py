@@ -219,3 +219,83 @@ def test_importing_the_core_loads_no_io_module() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def _layers_contract() -> dict:
+    cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = [c for c in cfg["contracts"] if c["type"] == "layers"]
+    return contract
+
+
+def test_every_top_level_module_has_a_layer() -> None:
+    """A new top-level module or package cannot escape the layering by being left out."""
+    named = {m.strip() for layer in _layers_contract()["layers"] for m in layer.split("|")}
+    pkg = REPO / "autoscaler"
+    present = {
+        f"autoscaler.{p.stem if p.is_file() else p.name}"
+        for p in pkg.iterdir()
+        if (p.is_file() and p.suffix == ".py" and p.stem not in ("__init__", "__main__"))
+        or (p.is_dir() and (p / "__init__.py").exists())
+    }
+    assert present - named == set()
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's components of size > 1 (iterative: the package has hundreds of modules)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return out
+
+
+def test_tarjan_finds_a_cycle() -> None:
+    assert _strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _strongly_connected({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_import_cycles() -> None:
+    """No two modules import each other, directly or through others -- type-only imports included."""
+    import grimp  # import-linter's graph builder (dev dependency)
+
+    g = grimp.build_graph("autoscaler")
+    graph = {
+        m: {w for w in g.find_modules_directly_imported_by(m) if w.startswith("autoscaler")} for m in g.modules
+    }
+    assert _strongly_connected(graph) == []

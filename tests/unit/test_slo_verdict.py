@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from autoscaler.commands.loadtest import build_command, frontdoor_from_run_dir, parse_duration
+from autoscaler.runtime.loadtest import build_command, frontdoor_from_run_dir, parse_duration
 from loadtests.slo import (
     ModelResult,
     SloSpecError,

@@ -15,12 +15,12 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
+from autoscaler.act.kubernetes.backend import KubernetesBackend
 from autoscaler.act.kubernetes.client import KubeRest
 from autoscaler.act.kubernetes.leader import LeaseElector
 from autoscaler.act.kubernetes.migparted import mig_config_entry, mig_config_name
 from autoscaler.act.kubernetes.render import Nccl, RenderConfig, ScalingPolicy, ScalingRules
 from autoscaler.act.kubernetes.repartition import Repartitioner
-from autoscaler.act.kubernetes.backend import KubernetesBackend
 from autoscaler.clock import Clock, WallClock
 from autoscaler.config import ClusterConfig, initial_cluster_state
 from autoscaler.policy.types import ModelSpec

@@ -42,12 +42,12 @@ from pathlib import Path
 from typing import Self
 
 from autoscaler.act.local.groups import GroupsMixin
+from autoscaler.act.local.nginx import NginxFrontDoor, Route
 from autoscaler.act.local.pids import PidRegistry
 from autoscaler.act.local.probe import ReplicaLoad, load_between, scrape
-from autoscaler.act.local.replicas import WHOLE, LocalReplica, ModelRuntime, launch, replica_env
-from autoscaler.act.local.nginx import NginxFrontDoor, Route
 from autoscaler.act.local.prometheus import PrometheusServer, ScrapeTarget
-from autoscaler.act.local.supervisor import Supervisor
+from autoscaler.act.local.replicas import WHOLE, LocalReplica, ModelRuntime, launch, replica_env
+from autoscaler.act.local.supervisor import SupervisionMixin, Supervisor
 from autoscaler.act.local.triton import free_port
 from autoscaler.clock import Clock, WallClock
 from autoscaler.mig.layout import Placement, check_layout, free_starts
@@ -56,7 +56,7 @@ from autoscaler.policy.types import Action, ActionKind, ClusterState, GpuState, 
 from autoscaler.status import ReplicaEndpoint, ReplicaNumbers, build_status
 
 
-class LocalCluster(GroupsMixin):
+class LocalCluster(GroupsMixin, SupervisionMixin):
     def __init__(
         self,
         run_dir: str | os.PathLike,
@@ -102,7 +102,7 @@ class LocalCluster(GroupsMixin):
         self._member_of: dict[str, str] = {}  # planner member id -> group id (our replica id)
         self._loads: dict[str, ReplicaLoad] = {}
         self.events: list[str] = []  # human-readable lifecycle log (also printed by `up`)
-        self.supervisor = Supervisor(self)
+        self.supervisor = Supervisor(self.supervise_once)
         self.started = False
         self._stopping = False  # set by stop(): no more starts or restarts
 

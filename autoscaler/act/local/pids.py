@@ -54,7 +54,7 @@ class ProcRecord:
     program: str = ""  # basename of the binary we launched, known before it runs
 
     @classmethod
-    def of(cls, pid: int, kind: str, name: str = "", program: str = "") -> "ProcRecord":
+    def of(cls, pid: int, kind: str, name: str = "", program: str = "") -> ProcRecord:
         cmd = proc_cmdline(pid) or []
         prog = program or (os.path.basename(cmd[0]) if cmd else kind)
         return cls(pid, kind, proc_start_ticks(pid), cmd, name, prog)

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoscaler.act.local.emulation import emulation_env, real_mig_env
-from autoscaler.act.local.probe import ReplicaCounters
 from autoscaler.act.local.multinode import ProcessGroup
+from autoscaler.act.local.probe import ReplicaCounters
 from autoscaler.act.local.triton import TritonProcess
 from autoscaler.policy.types import Replica, ReplicaState
 

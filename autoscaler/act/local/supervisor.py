@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from autoscaler.policy.types import ReplicaState
 
-if TYPE_CHECKING:  # pragma: no cover
-    from autoscaler.act.local.cluster import LocalCluster
-
 
 class Supervisor:
-    def __init__(self, cluster: LocalCluster, interval_s: float = 0.2) -> None:
-        self.cluster = cluster
+    """The thread: calls ``tick`` every ``interval_s`` until stopped; keeps the last errors."""
+
+    def __init__(self, tick: Callable[[], None], interval_s: float = 0.2) -> None:
+        self.tick = tick
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -52,8 +51,12 @@ class Supervisor:
                 del self.errors[:-20]
             self._stop.wait(self.interval_s)
 
-    def tick(self) -> None:
-        c = self.cluster
+
+class SupervisionMixin:
+    """``LocalCluster``'s side of supervision: one pass over its replicas (see the module doc)."""
+
+    def supervise_once(self) -> None:
+        c = self
         failed = []
         became_ready = []
         for r in c.replicas():

@@ -53,7 +53,8 @@ from autoscaler.policy.types import (
 if TYPE_CHECKING:  # pragma: no cover
     from autoscaler.policy.planner.packing import GpuWork
 
-from autoscaler.policy.planner.multinode import HEALTHY, WHOLE, Groups, group_of
+from autoscaler.policy.planner.multinode import WHOLE, Groups, group_of
+from autoscaler.policy.planner.work import HEALTHY
 
 # Deletes that replace capacity: they wait until the model's new replicas are ready.
 REPLACING = (Reason.PROFILE_EFFICIENCY, Reason.CONSOLIDATE, Reason.HIGH_AVAILABILITY)

@@ -54,11 +54,11 @@ import functools
 import math
 from collections.abc import Mapping, Sequence
 
+import autoscaler.policy.planner.actions as acts
 from autoscaler.mig.layout import Placement
 from autoscaler.mig.products import PRODUCTS, Product
-from autoscaler.policy.planner import actions as acts
-from autoscaler.policy.planner.packing import GpuWork
 from autoscaler.policy.planner.multinode import WHOLE, group_of, plan_multinode
+from autoscaler.policy.planner.packing import GpuWork
 from autoscaler.policy.planner.place import (
     consolidate,
     fix_high_availability,
@@ -69,21 +69,19 @@ from autoscaler.policy.planner.place import (
 from autoscaler.policy.planner.rightsize import DOWNSIZE_MIN_SLICES, downsize, free_profiles
 from autoscaler.policy.planner.sizing import (
     EPS,
-    ProfileOption,
     alternatives,
     cover,
     mix_slices,
-    required_min,
     usable_profiles,
 )
 from autoscaler.policy.planner.urgent import place_urgent
+from autoscaler.policy.planner.work import HEALTHY, ModelWork
 from autoscaler.policy.types import ClusterState, ModelSpec, Plan, Reason, Replica, ReplicaState
 
 __all__ = ["DOWNSIZE_MIN_SLICES", "WHOLE", "apply_plan_to_cluster", "group_of", "plan"]
 
 apply_plan_to_cluster = acts.apply_plan_to_cluster
 
-HEALTHY = (ReplicaState.READY, ReplicaState.STARTING)
 # A model is moved wholesale to its fresh optimal mix only when that saves at
 # least a whole GPU's worth of compute (7 slices) or 25% of its slices. The
 # small-cluster search below only considers mixes within SEARCH_SLACK (< 7)
@@ -92,33 +90,6 @@ REBALANCE_MIN_SLICES = 7
 SEARCH_SLACK = 6
 # Consolidate -> refill rounds when a shortage meets an emptied GPU.
 CONSOLIDATE_ROUNDS = 4
-
-
-class _Model:
-    """Planner-private per-model bookkeeping."""
-
-    def __init__(self, spec: ModelSpec, options: list[ProfileOption], demand: float | None) -> None:
-        self.spec = spec
-        self.options = options
-        self.cap = {o.name: o.cap for o in options}
-        self.demand = demand
-        self.floor = required_min(spec)
-        self.keep: list[Replica] = []
-        self.add: dict[str, int] = {}
-        self.reasons: list[Reason] = []
-        self.create_reason = Reason.SCALE_UP_DEMAND
-        self.rebalanced = False
-        self.running = 0  # healthy replicas it had when the tick began
-
-    def target_mix(self) -> dict[str, int]:
-        out = dict(self.add)
-        for r in self.keep:
-            out[r.profile] = out.get(r.profile, 0) + 1
-        return {p: n for p, n in out.items() if n}
-
-    def why(self, r: Reason) -> None:
-        if r not in self.reasons:
-            self.reasons.append(r)
 
 
 def plan(
@@ -170,12 +141,12 @@ def plan(
     no_rebalance: set[str] = set()
     while True:
         removed = dict(removed0)
-        work: dict[str, _Model] = {}
+        work: dict[str, ModelWork] = {}
         for spec in models:
             if spec.backend == "multinode":
                 continue
             d = demand_rps.get(spec.name)
-            m = _Model(spec, usable_profiles(spec, mig_products), None if d is None else max(0.0, float(d)))
+            m = ModelWork(spec, usable_profiles(spec, mig_products), None if d is None else max(0.0, float(d)))
             work[spec.name] = m
             _size_model(m, replicas_by_model.get(spec.name, []), by_id, load, removed,
                         rebalance=spec.name not in no_rebalance, free_now=free_now)
@@ -219,7 +190,7 @@ SEARCH_MAX_GPUS = 16
 SEARCH_ROUNDS = 2
 
 
-def _lower_bound(work: dict[str, _Model], gpus: list[GpuWork]) -> int:
+def _lower_bound(work: dict[str, ModelWork], gpus: list[GpuWork]) -> int:
     per_gpu = max((g.product.compute_slices for g in gpus), default=7)
     by_id = {g.id: g for g in gpus}
     total = 0
@@ -229,7 +200,7 @@ def _lower_bound(work: dict[str, _Model], gpus: list[GpuWork]) -> int:
     return math.ceil(total / per_gpu)
 
 
-def _worth_searching(best: Plan, work: dict[str, _Model], gpus: list[GpuWork]) -> bool:
+def _worth_searching(best: Plan, work: dict[str, ModelWork], gpus: list[GpuWork]) -> bool:
     if len(gpus) > SEARCH_MAX_GPUS or not any(m.add and not m.running for m in work.values()):
         return False
     if best.shortfall or any(Reason.SHORTFALL in rs for rs in best.reasons.values()):
@@ -237,7 +208,7 @@ def _worth_searching(best: Plan, work: dict[str, _Model], gpus: list[GpuWork]) -
     return best.cost.gpus_used > _lower_bound(work, gpus)
 
 
-def _search_mixes(best: Plan, work: dict[str, _Model], attempt, gpus: list[GpuWork]) -> Plan:
+def _search_mixes(best: Plan, work: dict[str, ModelWork], attempt, gpus: list[GpuWork]) -> Plan:
     """Coordinate descent over each model's alternative mixes (new replicas only)."""
     lb = _lower_bound(work, gpus)
     current = {n: dict(m.add) for n, m in work.items() if m.add and not m.running}
@@ -274,14 +245,14 @@ def _plan_key(p: Plan) -> tuple:
 
 
 def _attempt(cluster: ClusterState, models: Sequence[ModelSpec], demand_rps: Mapping[str, float],
-             specs: dict[str, ModelSpec], work0: dict[str, _Model], removed0: dict[str, Reason],
+             specs: dict[str, ModelSpec], work0: dict[str, ModelWork], removed0: dict[str, Reason],
              adds: Mapping[str, dict[str, int]] | None, churn_budget: int | None, now_s: float,
              mn_models: list[ModelSpec], reuse: bool = False, plain: bool = False,
              fast_path: bool = True) -> Plan:
     """Place, repair and finish one candidate (sizing already done; ``adds`` overrides new mixes)."""
     gpus, by_id = _gpu_work(cluster)
     removed = dict(removed0)
-    work: dict[str, _Model] = {}
+    work: dict[str, ModelWork] = {}
     for name, m0 in work0.items():
         m = copy.copy(m0)
         m.keep = list(m0.keep)
@@ -367,7 +338,7 @@ def _mix_of(p: Plan, model: str) -> dict[str, int]:
     return {prof: n for (m, prof), n in p.desired.items() if m == model and n}
 
 
-def _size_model(m: _Model, reps: list[Replica], by_id: dict[str, GpuWork], load: dict[str, int],
+def _size_model(m: ModelWork, reps: list[Replica], by_id: dict[str, GpuWork], load: dict[str, int],
                 removed: dict[str, Reason], *, rebalance: bool = True, free_now: frozenset[str] | None = None) -> None:
     spec = m.spec
     healthy: list[Replica] = []

@@ -18,13 +18,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from autoscaler.mig.layout import Placement
+from autoscaler.policy.planner.work import HEALTHY
 from autoscaler.policy.types import ClusterState, ModelSpec, Reason, Replica, ReplicaState
 
 if TYPE_CHECKING:  # pragma: no cover
     from autoscaler.policy.planner.packing import GpuWork
 
 WHOLE = "whole"
-HEALTHY = (ReplicaState.READY, ReplicaState.STARTING)
 
 
 def group_of(replica_id: str) -> str:

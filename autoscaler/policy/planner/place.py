@@ -21,7 +21,7 @@ from autoscaler.policy.planner.sizing import EPS, cover
 from autoscaler.policy.types import Reason
 
 if TYPE_CHECKING:  # pragma: no cover
-    from autoscaler.policy.planner import _Model
+    from autoscaler.policy.planner.work import ModelWork
 
 # Consolidation gives up after this many GPUs that cannot be emptied: bounded
 # work on 10,000 GPUs (each try scans signatures, not GPUs).
@@ -118,7 +118,7 @@ def _place_seq(gpus: list[GpuWork], items: list[tuple[str, str]], placed_tier2: 
         _close_tier2(gpus, saved, before, placed_tier2)
 
 
-def place_all(work: dict[str, _Model], gpus: list[GpuWork], placed_tier2: set[tuple[str, int]],
+def place_all(work: dict[str, ModelWork], gpus: list[GpuWork], placed_tier2: set[tuple[str, int]],
               *, reuse: bool = False, plain: bool = False) -> None:
     """Place every model's new replicas (``m.add``); ``reuse``: fill the empty
     instances of idle GPUs' current layouts before cutting new patterns;
@@ -199,7 +199,7 @@ def place_all(work: dict[str, _Model], gpus: list[GpuWork], placed_tier2: set[tu
     _trim_excess(work, gpus)
 
 
-def _trim_excess(work: dict[str, _Model], gpus: list[GpuWork]) -> None:
+def _trim_excess(work: dict[str, ModelWork], gpus: list[GpuWork]) -> None:
     """Drop new replicas a model does not need after all (the shortage path can
     over-provide: floors on small profiles, then bigger ones on top)."""
     for m in work.values():
@@ -220,7 +220,7 @@ def _trim_excess(work: dict[str, _Model], gpus: list[GpuWork]) -> None:
             n, have = n - 1, have - c
 
 
-def unmet(work: dict[str, _Model], gpus: list[GpuWork]) -> bool:
+def unmet(work: dict[str, ModelWork], gpus: list[GpuWork]) -> bool:
     have: dict[str, float] = {}
     count: dict[str, int] = {}
     for g in gpus:
@@ -236,7 +236,7 @@ def unmet(work: dict[str, _Model], gpus: list[GpuWork]) -> bool:
     )
 
 
-def refill(ms: list[_Model], gpus: list[GpuWork], placed_tier2: set[tuple[str, int]], ha: frozenset[str],
+def refill(ms: list[ModelWork], gpus: list[GpuWork], placed_tier2: set[tuple[str, int]], ha: frozenset[str],
            *, keep_closed: frozenset[str] = frozenset()) -> None:
     """Top up models whose demand or floor is unmet with any usable profile
     that still fits, one replica at a time to the least-served model (tier 1,
@@ -255,7 +255,7 @@ def refill(ms: list[_Model], gpus: list[GpuWork], placed_tier2: set[tuple[str, i
     def run(index: Index) -> None:
         active = sorted(ms, key=lambda m: m.spec.name)
         while active:
-            def met(m: _Model) -> float:
+            def met(m: ModelWork) -> float:
                 return have[m.spec.name] / m.demand if m.demand and m.demand > EPS else math.inf
 
             m = min(active, key=lambda m: (met(m), m.spec.name))
@@ -284,7 +284,7 @@ def refill(ms: list[_Model], gpus: list[GpuWork], placed_tier2: set[tuple[str, i
         _close_tier2(gpus, saved, before, placed_tier2)
 
 
-def fix_high_availability(work: dict[str, _Model], gpus: list[GpuWork],
+def fix_high_availability(work: dict[str, ModelWork], gpus: list[GpuWork],
                            removed: dict[str, Reason]) -> set[tuple[str, int]]:
     """>= 2 replicas on distinct GPUs for every HA model: swap new replicas, else move one."""
     moved: set[tuple[str, int]] = set()
@@ -393,7 +393,7 @@ def _hosts(g: GpuWork, model: str) -> bool:
     return any(v[0] == model for v in g.hard.values())
 
 
-def consolidate(work: dict[str, _Model], gpus: list[GpuWork], removed: dict[str, Reason],
+def consolidate(work: dict[str, ModelWork], gpus: list[GpuWork], removed: dict[str, Reason],
                 evacuated: set[str] | None = None) -> set[tuple[str, int]]:
     """Empty lightly used GPUs whose replicas all fit in free space elsewhere."""
     moved: set[tuple[str, int]] = set()

@@ -15,13 +15,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autoscaler.mig.layout import Placement
-from autoscaler.policy.planner.packing import GpuWork, overlaps
 from autoscaler.policy.planner.multinode import WHOLE
+from autoscaler.policy.planner.packing import GpuWork, overlaps
 from autoscaler.policy.planner.sizing import EPS
 from autoscaler.policy.types import ClusterState, Reason, Replica, ReplicaState
 
 if TYPE_CHECKING:  # pragma: no cover
-    from autoscaler.policy.planner import _Model
+    from autoscaler.policy.planner.work import ModelWork
 
 
 def free_profiles(cluster: ClusterState, by_id: dict[str, GpuWork]) -> frozenset[str]:
@@ -46,7 +46,7 @@ def free_profiles(cluster: ClusterState, by_id: dict[str, GpuWork]) -> frozenset
 DOWNSIZE_MIN_SLICES = 2
 
 
-def downsize(m: _Model, keep: list[Replica], cap: float, demand: float,
+def downsize(m: ModelWork, keep: list[Replica], cap: float, demand: float,
               removed: dict[str, Reason], free_now: frozenset[str] | None = None) -> dict[str, int]:
     """Right-size after a burst: swap an oversized READY replica for the smallest profile that
     still covers demand and has an empty instance now (make-before-break: the new one is

@@ -18,10 +18,10 @@ from autoscaler.policy.planner.packing import GpuWork, overlaps
 from autoscaler.policy.planner.sizing import EPS, cover
 
 if TYPE_CHECKING:  # pragma: no cover
-    from autoscaler.policy.planner import _Model
+    from autoscaler.policy.planner.work import ModelWork
 
 
-def place_urgent(work: dict[str, _Model], gpus: list[GpuWork]) -> None:
+def place_urgent(work: dict[str, ModelWork], gpus: list[GpuWork]) -> None:
     """Scale-up fast path: cover a running model's shortfall with empty MIG
     instances that exist now, before the fewest-slices sizing (``m.add``).
 

@@ -1,0 +1,122 @@
+"""Building the locust command line that ``migscale loadtest`` and ``migscale demo`` run.
+
+Outside the loop: load generation. One documented ``locust ... --headless``
+line (printable, so it can be re-run by hand or in CI without migscale),
+the duration syntax both commands accept, and where the local cluster's
+front door is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtests" / "locustfile.py"
+
+_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m(?!s))?\s*(?:(\d+(?:\.\d+)?)s)?\s*$")
+
+
+def parse_duration(text: str, field: str = "duration") -> float:
+    """``"120s"``, ``"2m"``, ``"1m30s"``, ``"1h"``, or bare seconds ``"90"`` -> seconds (> 0).
+
+    Raises ValueError naming ``field`` and the value.
+    """
+    s = str(text).strip().lower()
+    try:
+        v = float(s)
+    except ValueError:
+        m = _DURATION.match(s)
+        if not s or m is None or not any(m.groups()):
+            raise ValueError(f"{field}: must be a duration like 120s, 2m, 1m30s or 1h, got {text!r}") from None
+        h, mi, se = (float(g) if g else 0.0 for g in m.groups())
+        v = h * 3600 + mi * 60 + se
+    if not (v > 0 and v < float("inf")):
+        raise ValueError(f"{field}: must be > 0, got {text!r}")
+    return v
+
+
+def locust_binary() -> str:
+    """locust from the same virtualenv as this interpreter (the one that has tritonclient)."""
+    cand = Path(sys.executable).parent / "locust"
+    return str(cand) if cand.exists() else "locust"
+
+
+def frontdoor_from_run_dir(run_dir: Path) -> str | None:
+    """The local cluster's front door URL from ``run_dir/controller.json``, if the cluster is up.
+
+    Accepts ``{"frontdoor": "http://127.0.0.1:8000"}``, ``{"frontdoor": {"url": ...}}``,
+    ``{"frontdoor": {"port": 8000}}``, ``{"frontdoor_url": ...}`` or ``{"frontdoor_port": 8000}``.
+    """
+    p = run_dir / "controller.json"
+    try:
+        doc: Any = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    fd = doc.get("frontdoor", doc.get("frontdoor_url"))
+    if isinstance(fd, dict):
+        fd = fd.get("url") or (f"http://{fd.get('host', '127.0.0.1')}:{fd['port']}" if fd.get("port") else None)
+    if fd is None and doc.get("frontdoor_port"):
+        fd = f"http://127.0.0.1:{doc['frontdoor_port']}"
+    if isinstance(fd, int):
+        fd = f"http://127.0.0.1:{fd}"
+    if isinstance(fd, str) and fd:
+        return fd if "://" in fd else f"http://{fd}"
+    return None
+
+
+def build_command(
+    *,
+    models_yaml: str,
+    host: str,
+    results: Path,
+    duration_s: float,
+    shape: str,
+    shape_args: str,
+    base_rps: float,
+    peak_rps: float | None,
+    protocol: str,
+    models: str,
+    users_max: int,
+    user_rps: float,
+    slo: str,
+    slo_models: str,
+    warmup_s: float,
+    slo_ignore: str,
+) -> list[str]:
+    cmd = [
+        locust_binary(), "-f", str(LOCUSTFILE), "--headless",
+        "--host", host,
+        "--run-time", f"{max(1, round(duration_s))}s",
+        # in-flight requests finish (and are counted) instead of being killed at the end
+        "--stop-timeout", "10s",
+        "--csv", str(results / "locust"),
+        "--html", str(results / "report.html"),
+        "--models-yaml", models_yaml,
+        "--protocol", protocol,
+        "--shape", shape,
+        "--base-rps", f"{base_rps:g}",
+        "--users-max", str(users_max),
+        "--user-rps", f"{user_rps:g}",
+        "--results-dir", str(results),
+        "--loglevel", "WARNING",
+    ]
+    if peak_rps is not None:
+        cmd += ["--peak-rps", f"{peak_rps:g}"]
+    if shape_args:
+        cmd += ["--shape-args", shape_args]
+    if models:
+        cmd += ["--models", models]
+    if slo:
+        cmd += ["--slo", slo]
+    if slo_models:
+        cmd += ["--slo-models", slo_models]
+    if warmup_s > 0:
+        cmd += ["--slo-warmup-s", f"{warmup_s:g}"]
+    if slo_ignore:
+        cmd += ["--slo-ignore", slo_ignore]
+    return cmd
