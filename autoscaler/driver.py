@@ -1,0 +1,201 @@
+"""The one run loop: ticks a ``ControlLoop`` (or any tickable) on an injected clock.
+
+Place in the loop: the outermost piece, in the loop's layer so that the simulator
+(below ``runtime/``) can use it too. The local controller, the Kubernetes
+controller and the simulator each build a ``ControlLoop`` (or, for the
+simulator's baselines, anything with ``tick()``) and hand it to a ``Driver``;
+none of them schedules ticks itself. The driver owns four things:
+
+- **cadence and back-off**: after each tick it waits ``result.next_delay_s``
+  (the loop's own exponential back-off after failed ticks). A tick that
+  raises -- the loop catches its own errors, so this means a bug or a broken
+  hook -- is logged with its traceback, counted in ``tick_errors`` and backed
+  off the same way (``tick_s * 2**k``, at most ``max_backoff_s``);
+- **hooks**: ``before_tick`` (the Kubernetes lease check points the gate),
+  ``after_tick`` (publish to the metrics API) and ``idle``, called every
+  ``slice_s`` while waiting (supervision, status files, a simulated world
+  advancing one step). A hook that raises is logged and counted, never fatal;
+- **stopping**: ``run(stop)`` returns within one slice of ``stop`` being set
+  (a ``threading.Event`` or a predicate, e.g. "the trace has ended");
+- **health**: ``health()`` says whether the picture the loop publishes is
+  current. It is not once the driver has stopped or died, or when the last
+  completed tick is older than ``max_snapshot_age_s`` (a tick stuck in a slow
+  apply, a loop backing off for minutes). ``/readyz`` and the metrics API use
+  it, so a frozen picture is never served as if it were live.
+
+All time comes from the clock: on a ``VirtualClock`` a ten-minute run is a
+loop of jumps, which is how the simulator and the tests use it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from autoscaler.clock import Clock
+
+log = logging.getLogger("migscale.driver")
+
+
+class TickOutcome(Protocol):
+    """What the driver needs of a tick's result (``loop.TickResult`` has it)."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def next_delay_s(self) -> float: ...
+
+
+class Tickable(Protocol):
+    def tick(self) -> TickOutcome: ...
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Optional callbacks; each runs on the driver's thread."""
+
+    before_tick: Callable[[], None] | None = None
+    after_tick: Callable[[TickOutcome], None] | None = None
+    idle: Callable[[], None] | None = None
+
+
+@dataclass(frozen=True)
+class Health:
+    ready: bool
+    reason: str
+    ticks: int
+    tick_errors: int  # ticks that raised out of the loop
+    hook_errors: int
+    consecutive_failures: int  # ticks in a row that were not ok (or raised)
+    last_tick_s: float | None  # clock time the last completed tick started
+    age_s: float | None  # now - last_tick_s
+
+    def to_json(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+
+class Driver:
+    def __init__(
+        self,
+        loop: Tickable,
+        clock: Clock,
+        *,
+        tick_s: float,
+        max_snapshot_age_s: float | None = None,
+        max_backoff_s: float = 300.0,
+        slice_s: float = 0.5,
+        hooks: Hooks | None = None,
+    ) -> None:
+        if not tick_s > 0:
+            raise ValueError(f"tick_s: must be > 0, got {tick_s!r}")
+        if not slice_s > 0:
+            raise ValueError(f"slice_s: must be > 0, got {slice_s!r}")
+        self.loop = loop
+        self.clock = clock
+        self.tick_s = float(tick_s)
+        # Three missed ticks: one slow tick or one failed tick backing off 2 * tick_s
+        # still counts as live; a loop stuck or asleep for longer does not.
+        self.max_snapshot_age_s = float(max_snapshot_age_s) if max_snapshot_age_s else 3.0 * self.tick_s
+        self.max_backoff_s = float(max_backoff_s)
+        self.slice_s = float(slice_s)
+        self.hooks = hooks or Hooks()
+        self.ticks = 0
+        self.tick_errors = 0
+        self.hook_errors = 0
+        self.consecutive_failures = 0
+        self.last_tick_s: float | None = None
+        self.last_error: str | None = None
+        self._running = False
+        self._stopped = False
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ one tick
+    def step(self) -> float:
+        """One tick with its hooks; returns the delay before the next one. Never raises."""
+        started = self.clock.now()
+        self._hook("before_tick")
+        try:
+            result = self.loop.tick()
+        except Exception as exc:  # noqa: BLE001 - a bug must not stop the controller; log, count, back off
+            log.exception("tick raised")
+            with self._lock:
+                self.ticks += 1
+                self.tick_errors += 1
+                self.consecutive_failures += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+            return self._backoff()
+        with self._lock:
+            self.ticks += 1
+            self.last_tick_s = started
+            self.consecutive_failures = 0 if result.ok else self.consecutive_failures + 1
+        self._hook("after_tick", result)
+        return max(0.0, float(result.next_delay_s))
+
+    def _backoff(self) -> float:
+        # same rule as the loop's own: tick_s * 2**k after k failures in a row, capped
+        return min(self.max_backoff_s, self.tick_s * 2 ** self.consecutive_failures)
+
+    def _hook(self, name: str, *args: object) -> None:
+        fn = getattr(self.hooks, name)
+        if fn is None:
+            return
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - a broken observer must not stop the loop
+            log.exception("%s hook raised", name)
+            with self._lock:
+                self.hook_errors += 1
+                self.last_error = f"{name}: {type(exc).__name__}: {exc}"
+
+    # ------------------------------------------------------------ running
+    def wait(self, seconds: float, stop: Callable[[], bool]) -> None:
+        """Sleep ``seconds`` on the clock in ``slice_s`` slices, calling ``idle`` after each."""
+        remaining = seconds
+        while remaining > 1e-9 and not stop():
+            step = min(self.slice_s, remaining)
+            self.clock.sleep(step)
+            remaining -= step
+            self._hook("idle")
+
+    def run(self, stop: threading.Event | Callable[[], bool]) -> None:
+        """Tick until ``stop`` is set (an Event) or true (a predicate)."""
+        should_stop = stop.is_set if isinstance(stop, threading.Event) else stop
+        with self._lock:
+            self._running, self._stopped = True, False
+        try:
+            while not should_stop():
+                delay = self.step()
+                self.wait(delay, should_stop)
+        finally:
+            with self._lock:
+                self._running, self._stopped = False, True
+
+    # ------------------------------------------------------------ health
+    def health(self) -> Health:
+        now = self.clock.now()
+        with self._lock:
+            age = None if self.last_tick_s is None else max(0.0, now - self.last_tick_s)
+            if self._stopped:
+                ready, reason = False, "the control loop has stopped"
+            elif self.last_tick_s is None:
+                ready, reason = False, "no control tick completed yet"
+            elif age is not None and age > self.max_snapshot_age_s:
+                ready, reason = False, (
+                    f"the last completed tick is {age:.0f}s old (limit {self.max_snapshot_age_s:.0f}s)"
+                )
+            else:
+                ready, reason = True, "ok"
+            return Health(
+                ready=ready,
+                reason=reason,
+                ticks=self.ticks,
+                tick_errors=self.tick_errors,
+                hook_errors=self.hook_errors,
+                consecutive_failures=self.consecutive_failures,
+                last_tick_s=self.last_tick_s,
+                age_s=age,
+            )

@@ -1,0 +1,140 @@
+"""The one run loop (``autoscaler.driver``): cadence, back-off, hooks, stopping, health."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import pytest
+
+from autoscaler.clock import VirtualClock
+from autoscaler.driver import Driver, Hooks
+from autoscaler.fakes import FakeInventory, FakeMetricsSource, RecordingActuator, stub_planner
+from autoscaler.loop import ControlLoop
+from autoscaler.policy.decide import PolicyConfig
+from autoscaler.policy.types import ModelSpec
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    next_delay_s: float
+
+
+class Scripted:
+    """A tickable whose ticks succeed, fail or raise as scripted; records the clock at each tick."""
+
+    def __init__(self, clock: VirtualClock, script: list[str], delay_s: float = 5.0) -> None:
+        self.clock = clock
+        self.script = list(script)
+        self.delay_s = delay_s
+        self.at: list[float] = []
+
+    def tick(self) -> Outcome:
+        self.at.append(self.clock.now())
+        what = self.script.pop(0) if self.script else "ok"
+        if what == "raise":
+            raise RuntimeError("boom")
+        return Outcome(ok=what == "ok", next_delay_s=self.delay_s if what == "ok" else 2 * self.delay_s)
+
+
+def test_ticks_on_the_cadence_the_loop_asks_for() -> None:
+    clock = VirtualClock()
+    loop = Scripted(clock, ["ok", "fail", "ok"])
+    d = Driver(loop, clock, tick_s=5.0)
+    d.run(lambda: clock.now() >= 30.0)
+    # ok -> 5 s, fail -> 10 s (the loop's back-off), then 5 s steps
+    assert loop.at == [0.0, 5.0, 15.0, 20.0, 25.0]
+    assert d.ticks == 5 and d.consecutive_failures == 0
+
+
+def test_a_raising_tick_is_counted_logged_and_backed_off(caplog: pytest.LogCaptureFixture) -> None:
+    clock = VirtualClock()
+    loop = Scripted(clock, ["raise", "raise", "raise", "ok"])
+    d = Driver(loop, clock, tick_s=5.0, max_backoff_s=30.0)
+    with caplog.at_level("ERROR", logger="migscale.driver"):
+        d.run(lambda: len(loop.at) >= 5)
+    # 10, 20, then capped at 30
+    assert loop.at == [0.0, 10.0, 30.0, 60.0, 65.0]
+    assert d.tick_errors == 3
+    assert "RuntimeError: boom" in (d.last_error or "")
+    assert any("Traceback" in r.exc_text for r in caplog.records if r.exc_text)
+
+
+def test_hooks_run_in_order_and_a_broken_hook_is_not_fatal() -> None:
+    clock = VirtualClock()
+    loop = Scripted(clock, [], delay_s=2.0)
+    calls: list[str] = []
+
+    def before() -> None:
+        calls.append(f"before@{clock.now():g}")
+
+    def after(result: object) -> None:
+        calls.append("after")
+        raise ValueError("observer bug")
+
+    def idle() -> None:
+        calls.append(f"idle@{clock.now():g}")
+
+    d = Driver(loop, clock, tick_s=2.0, slice_s=1.0, hooks=Hooks(before, after, idle))
+    d.run(lambda: clock.now() >= 4.0)
+    assert calls == ["before@0", "after", "idle@1", "idle@2", "before@2", "after", "idle@3", "idle@4"]
+    assert d.hook_errors == 2 and d.tick_errors == 0
+
+
+def test_stop_event_is_honoured_within_a_slice() -> None:
+    clock = VirtualClock()
+    loop = Scripted(clock, [], delay_s=60.0)
+    stop = threading.Event()
+    slept: list[float] = []
+
+    def idle() -> None:
+        slept.append(clock.now())
+        if clock.now() >= 1.5:
+            stop.set()
+
+    d = Driver(loop, clock, tick_s=60.0, slice_s=0.5, hooks=Hooks(idle=idle))
+    d.run(stop)
+    assert slept == [0.5, 1.0, 1.5] and len(loop.at) == 1
+
+
+def test_health_goes_stale_and_reports_a_stopped_loop() -> None:
+    clock = VirtualClock()
+    d = Driver(Scripted(clock, []), clock, tick_s=5.0, max_snapshot_age_s=12.0)
+    h = d.health()
+    assert not h.ready and h.reason == "no control tick completed yet"
+    d.step()
+    assert d.health().ready
+    clock.advance(12.0)
+    assert d.health().ready
+    clock.advance(0.5)
+    h = d.health()
+    assert not h.ready and "12s old" in h.reason and h.age_s == pytest.approx(12.5)
+    d.run(lambda: True)  # starts and stops at once
+    h = d.health()
+    assert not h.ready and h.reason == "the control loop has stopped"
+
+
+def test_failed_ticks_keep_the_snapshot_age_growing() -> None:
+    """A loop that only raises never refreshes its picture: it turns unready."""
+    clock = VirtualClock()
+    loop = Scripted(clock, ["ok"] + ["raise"] * 10)
+    d = Driver(loop, clock, tick_s=5.0)  # limit 3 ticks = 15 s
+    d.run(lambda: clock.now() >= 40.0)
+    h = d.health()
+    assert h.last_tick_s == 0.0 and not h.ready and h.consecutive_failures >= 2
+
+
+def test_drives_the_production_control_loop_on_a_virtual_clock() -> None:
+    clock = VirtualClock()
+    src = FakeMetricsSource()
+    src.set_rate("m", 30.0)
+    inv = FakeInventory()
+    act = RecordingActuator(inv)
+    spec = ModelSpec("m", {"1g.10gb": 10.0}, ("1g.10gb",), min_replicas=1, max_replicas=8)
+    cfg = PolicyConfig(models=(spec,), slo_p99_ms={"m": 100.0}, tick_s=5.0)
+    loop = ControlLoop(src, inv, act, cfg, clock, planner=stub_planner)
+    d = Driver(loop, clock, tick_s=cfg.tick_s)
+    d.run(lambda: clock.now() >= 60.0)
+    assert d.ticks == 12 and d.tick_errors == 0 and d.health().last_tick_s == 55.0
+    assert len([r for r in inv.cluster.replicas if r.model == "m"]) >= 3
