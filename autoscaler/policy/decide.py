@@ -25,7 +25,9 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from autoscaler.policy import burst as bu
 from autoscaler.policy import demand as dm
+from autoscaler.policy import forecast as fc
 from autoscaler.policy import hpa
 from autoscaler.policy.planner.multinode import group_of
 from autoscaler.policy.types import ClusterState, ModelSpec, Observation, Plan, Reason, ReplicaState
@@ -42,7 +44,17 @@ class PolicyConfig:
     models: tuple[ModelSpec, ...]
     slo_p99_ms: Mapping[str, float] = field(default_factory=dict)
     tick_s: float = 5.0
+    # The headroom before one is learned (and always, when headroom_quantile is None).
     headroom: float = 0.2
+    # The learned headroom: this quantile of how far demand rose above the forecast
+    # within one reaction horizon (``forecast.py``); the policy's main knob.
+    headroom_quantile: float | None = 0.95
+    # Seconds from CREATE to a serving replica: a pod start on Kubernetes (30 s in
+    # the simulator), ~2 s for a local tritonserver. Part of the reaction horizon.
+    replica_start_s: float = 30.0
+    # None: the level's time constant is half the long window (its mean sample age)
+    forecast: fc.ForecastConfig | None = None
+    burst: bu.BurstConfig = field(default_factory=bu.BurstConfig)
     tolerance: float = 0.1
     short_window_s: float = 10.0
     long_window_s: float = 60.0
@@ -67,11 +79,29 @@ class PolicyConfig:
     # shortfall with instances that exist now before cutting efficient ones.
     repartition_s: float = 180.0
 
+    @property
+    def metrics_window_hint_s(self) -> float:
+        """The metrics window the slow signals average over (the source's rate window;
+        30 s for Prometheus ``rate(...[30s])``), for the age of its samples."""
+        return 30.0
+
     def spec(self, name: str) -> ModelSpec:
         for m in self.models:
             if m.name == name:
                 return m
         raise KeyError(name)
+
+    @property
+    def forecasting(self) -> fc.ForecastConfig:
+        if self.forecast is not None:
+            return self.forecast
+        return fc.ForecastConfig(level_tau_s=max(self.long_window_s, self.tick_s) / 2)
+
+    @property
+    def headroom_learning(self) -> fc.HeadroomConfig:
+        if self.headroom_quantile is None:
+            return fc.HeadroomConfig(prior=self.headroom, min_samples=10**9)
+        return fc.HeadroomConfig(quantile=self.headroom_quantile, prior=self.headroom)
 
     @property
     def stable_window_s(self) -> float:
@@ -100,6 +130,14 @@ class ModelDiagnostics:
     current_replicas: int = 0
     current_capacity_rps: float = 0.0
     required_rps: float | None = None
+    forecast_rps: float | None = None  # the forecaster's envelope over the horizon
+    floor_rps: float | None = None  # forecast x correction x (1 + headroom)
+    burst_rps: float | None = None  # the burst layer's ask (None: no fresh fast signals)
+    headroom: float | None = None
+    headroom_learned: bool = False  # False: the prior, too few samples yet
+    headroom_quantile: float | None = None  # the quantile it is learned at (None: fixed)
+    headroom_samples: int = 0
+    horizon_s: float | None = None
     p99_ms: float | None = None
     slo_p99_ms: float | None = None
     stages: tuple[Stage, ...] = ()
@@ -121,8 +159,13 @@ class PolicyState:
     scale_events: Mapping[str, tuple[hpa.ScaleEvent, ...]] = field(default_factory=dict)
     panic: Mapping[str, dm.PanicState] = field(default_factory=dict)
     correction: Mapping[str, float] = field(default_factory=dict)
+    forecast: Mapping[str, fc.Forecast] = field(default_factory=dict)
+    headroom: Mapping[str, fc.Headroom] = field(default_factory=dict)
     last_recommendation: Mapping[str, int] = field(default_factory=dict)  # before stabilization
     last_plan: Plan | None = None
+    # (planner inputs, its plan, the planner function) of the last call: equal inputs
+    # give an equal plan, so an unchanged tick reuses it (see ``decide``)
+    planner_memo: tuple | None = field(default=None, repr=False, compare=False)
     diagnostics: Mapping[str, ModelDiagnostics] = field(default_factory=dict)
     t_s: float | None = None
 
@@ -185,8 +228,28 @@ def _valid_rate(sig) -> bool:
     return v is None or (math.isfinite(v) and v >= 0)
 
 
-def _observe_model(obs, state: PolicyState, cfg: PolicyConfig, spec: ModelSpec, now_s: float):
-    """Demand history, panic and correction for one model (shared by decide and observe_only)."""
+@dataclass
+class _Seen:
+    """What one tick observed of one model (scratch, shared by decide and observe_only)."""
+
+    sig: object
+    observed: float | None  # demand from the metrics window (may be a saturation guess)
+    guess: bool  # observed is a guess above the served rate (saturated)
+    hist: tuple
+    panic: dm.PanicState
+    corr: float
+    est: dm.DemandEstimate | None
+    n: int
+    cap: float
+    forecast: fc.Forecast
+    headroom: fc.Headroom
+    measured: float | None  # the arrival rate measured this tick (fast signals first)
+    envelope: float | None  # the forecaster's highest rate over the horizon
+    horizon_s: float
+
+
+def _observe_model(obs, state: PolicyState, cfg: PolicyConfig, spec: ModelSpec, now_s: float) -> _Seen:
+    """Demand history, panic, correction, forecaster and headroom for one model."""
     name = spec.name
     n, cap, _ = current_capacity(spec, obs.cluster)
     sig = _fresh_signals(obs, name, now_s, cfg.metrics_stale_s)
@@ -194,6 +257,7 @@ def _observe_model(obs, state: PolicyState, cfg: PolicyConfig, spec: ModelSpec, 
         sig = None
     drain = cfg.backlog_drain_s if cfg.backlog_drain_s is not None else cfg.short_window_s
     observed = dm.observed_demand(sig, drain, cap if cap > 0 else None)
+    guess = observed is not None and dm.is_saturation_guess(sig, drain, cap if cap > 0 else None)
     keep = max(cfg.long_window_s, cfg.short_window_s)
     hist = state.demand.get(name, ())
     if observed is not None:
@@ -218,17 +282,38 @@ def _observe_model(obs, state: PolicyState, cfg: PolicyConfig, spec: ModelSpec, 
         if observed is not None
         else None
     )
-    return sig, observed, hist, panic, corr, est, n, cap
+    # The forecaster learns from measured arrivals only: the fast signals' arrivals,
+    # else the metrics window's rate unless it is a saturation guess (a guess fed
+    # in would ratchet the floor up; the served rate of a saturated model down).
+    fast = sig.fast if sig is not None else None
+    measured, t_meas, width = bu.arrivals(fast, now_s, cfg.burst), None, 0.0
+    if measured is not None:
+        t_meas, width = fast.t_s, fast.window_s
+    elif observed is not None and not guess:
+        measured, t_meas, width = observed, sig.t_s, cfg.metrics_window_hint_s
+    f = state.forecast.get(name, fc.Forecast())
+    if measured is not None:
+        f = fc.update(f, t_meas, measured, cfg.forecasting)
+    # Reaction horizon: how old the newest sample is (half its window, plus its
+    # delay), one tick, and a replica start.
+    age = (now_s - f.t_s if f.t_s is not None else 0.0) + width / 2
+    horizon = max(0.0, age) + cfg.tick_s + cfg.replica_start_s
+    env = fc.envelope(f, horizon, cfg.forecasting)
+    h = fc.observe(state.headroom.get(name, fc.Headroom()), now_s, measured, env, horizon, cfg.headroom_learning)
+    return _Seen(sig, observed, guess, hist, panic, corr, est, n, cap, f, h, measured, env, horizon)
 
 
 def observe_only(obs: Observation, state: PolicyState, cfg: PolicyConfig, now_s: float) -> PolicyState:
-    """Keep the windows, panic and correction current without deciding (used while
-    earlier actions converge: the next decision then sees an unbroken history)."""
+    """Keep the windows, panic, correction and forecasts current without deciding (used
+    while earlier actions converge: the next decision then sees an unbroken history)."""
     demand, panic, corr = dict(state.demand), dict(state.panic), dict(state.correction)
+    fcs, hrs = dict(state.forecast), dict(state.headroom)
     for spec in cfg.models:
-        _, _, hist, p, c, _, _, _ = _observe_model(obs, state, cfg, spec, now_s)
-        demand[spec.name], panic[spec.name], corr[spec.name] = hist, p, c
-    return dataclasses.replace(state, demand=demand, panic=panic, correction=corr, t_s=now_s)
+        seen = _observe_model(obs, state, cfg, spec, now_s)
+        demand[spec.name], panic[spec.name], corr[spec.name] = seen.hist, seen.panic, seen.corr
+        fcs[spec.name], hrs[spec.name] = seen.forecast, seen.headroom
+    return dataclasses.replace(state, demand=demand, panic=panic, correction=corr, forecast=fcs, headroom=hrs,
+                               t_s=now_s)
 
 
 def _default_planner() -> PlannerFn:
@@ -283,7 +368,11 @@ def _propose(
     # HPA type: Pods -- each reporting replica carries required / k; the rest are missing
     k = n if sig.ready_replicas is None else max(0, min(n, sig.ready_replicas))
     values: list[float | None] = [required / k] * k + [None] * (n - k) if k else [None] * n
-    proposals = [hpa.pods_metric_replicas(n, values, per_replica, config.tolerance)]
+    # The tolerance damps scale-downs only: a rise the floor or the burst layer asks
+    # for is what the learned headroom says the SLO needs, and HPA's 10% band would
+    # hold a model 9% short of it.
+    tol = 0.0 if required > step.cap * (1 + 1e-9) else config.tolerance
+    proposals = [hpa.pods_metric_replicas(n, values, per_replica, tol)]
     if config.queue_compute_target is not None:
         qcr = sig.queue_compute_ratio
         proposals.append(
@@ -344,6 +433,36 @@ def _held_rps(history, now_s: float, config: PolicyConfig) -> float | None:
     return max(vals)
 
 
+@dataclass(frozen=True)
+class _Prediction:
+    floor: float | None
+    burst: float | None
+    headroom: float
+    required: float | None
+
+
+def _predict(seen: _Seen, cfg: PolicyConfig, now_s: float) -> _Prediction:
+    """required = max(floor, burst), each x correction x (1 + headroom).
+
+    floor: the forecaster's envelope over the reaction horizon. burst: what the
+    fast signals show arriving now plus the backlog (``burst.demand``); without
+    fast signals, the metrics window's demand, saturation guess included, plays
+    that part. Neither feeds back into the forecaster, so a burst never ratchets
+    the floor."""
+    hroom = fc.current(seen.headroom, cfg.headroom_learning)
+    floor = seen.envelope * seen.corr * (1.0 + hroom) if seen.envelope is not None else None
+    fast = seen.sig.fast if seen.sig is not None else None
+    bdem = bu.demand(fast, now_s, seen.cap if seen.cap > 0 else None, cfg.burst)
+    if bdem is None:
+        bdem = seen.observed
+    # Only once arrivals outrun what runs: below that the floor decides, and a noisy
+    # 5 s sample above the floor is no reason for a replica. No headroom on top: the
+    # layer asks for what arrives now, and the floor catches up behind it.
+    burst = bdem * seen.corr if bdem is not None and bdem > seen.cap else None
+    vals = [v for v in (floor, burst) if v is not None]
+    return _Prediction(floor, burst, hroom, max(vals) if vals else None)
+
+
 def decide(
     observation: Observation,
     state: PolicyState,
@@ -363,20 +482,16 @@ def decide(
                     config.rightsize_window_s or 0.0)
     keep_events = hpa.longest_period_s(config.scale_up, config.scale_down)
 
+    fcs, hrs = dict(state.forecast), dict(state.headroom)
     for spec in config.models:
         name = spec.name
-        sig, observed, hist, p, c, est, n, cap = _observe_model(observation, state, config, spec, now_s)
-        demand[name], corr[name] = hist, c
+        seen = _observe_model(observation, state, config, spec, now_s)
+        sig, observed, p, c, est, n, cap = seen.sig, seen.observed, seen.panic, seen.corr, seen.est, seen.n, seen.cap
+        demand[name], corr[name], fcs[name], hrs[name] = seen.hist, c, seen.forecast, seen.headroom
         step = _Step(n, cap, cap / n if n and cap > 0 else best_replica_capacity(spec), None)
-        drain = config.backlog_drain_s if config.backlog_drain_s is not None else config.short_window_s
-        # Saturated: demand is a guess above the served rate (see dm.is_saturation_guess).
-        guess = observed is not None and dm.is_saturation_guess(sig, drain, cap if cap > 0 else None)
-        if est is not None and est.used_rps is not None:
-            step.required = dm.required_capacity(est.used_rps, c, config.headroom)
-            if p.panicking:  # Knative: while panicking the requirement only ever rises
-                step.required = max(step.required, p.max_required_rps)
-                if not guess:  # ...from what was measured: a guess would hold its overshoot all panic long
-                    p = dataclasses.replace(p, max_required_rps=step.required)
+        pred = _predict(seen, config, now_s)
+        if observed is not None:
+            step.required = pred.required
             step.stages.append(Stage("required_rps", step.required, Reason.KEEP))
         panic[name] = p
 
@@ -439,6 +554,14 @@ def decide(
             current_replicas=n,
             current_capacity_rps=cap,
             required_rps=step.required,
+            forecast_rps=seen.envelope,
+            floor_rps=pred.floor,
+            burst_rps=pred.burst,
+            headroom=pred.headroom,
+            headroom_learned=seen.headroom.value is not None,
+            headroom_quantile=config.headroom_quantile,
+            headroom_samples=len(seen.headroom.ratios),
+            horizon_s=seen.horizon_s,
             p99_ms=sig.p99_ms if sig else None,
             slo_p99_ms=config.slo_p99_ms.get(name),
             stages=tuple(step.stages),
@@ -446,12 +569,24 @@ def decide(
             target_rps=tgt,
         )
 
-    plan = plan_fn(
-        config.models, target_rps, observation.cluster, churn_budget=config.churn_budget, now_s=now_s,
-        fast_path=config.repartition_s >= FAST_PATH_MIN_REPARTITION_S,
-    )
+    # The planner is a pure function of what it is asked and of the cluster: when
+    # both are exactly as at the last call, so is its answer (most ticks of a
+    # steady hour), and the call is skipped. Only its time stamp changes.
+    fast_path = config.repartition_s >= FAST_PATH_MIN_REPARTITION_S
+    key = (tuple(sorted(target_rps.items())), observation.cluster, config.churn_budget, fast_path)
+    memo = state.planner_memo
+    if memo is not None and memo[0] == key and planner is memo[2]:
+        plan = dataclasses.replace(memo[1], t_s=now_s)
+    else:
+        plan = plan_fn(
+            config.models, target_rps, observation.cluster, churn_budget=config.churn_budget, now_s=now_s,
+            fast_path=fast_path,
+        )
+    memo = (key, plan, planner)
     plan = dataclasses.replace(plan, reasons=_merge_reasons(reasons, plan.reasons), target_rps=target_rps)
     new_state = PolicyState(
+        forecast=fcs,
+        headroom=hrs,
         demand=demand,
         recommendations=recs,
         scale_events=events,
@@ -459,6 +594,7 @@ def decide(
         correction=corr,
         last_recommendation=last_rec,
         last_plan=plan,
+        planner_memo=memo,
         diagnostics=diags,
         t_s=now_s,
     )

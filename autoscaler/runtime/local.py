@@ -37,6 +37,8 @@ STATUS_EVERY_S = 1.0
 
 # The local backend's emulated repartition takes no time (see act/local/cluster.py).
 LOCAL_REPARTITION_S = 0.0
+# A local tritonserver replica serves ~1.5-2 s after it is started (benchmarks/local_cluster.py).
+LOCAL_REPLICA_START_S = 2.0
 
 
 class LocalController:
@@ -57,7 +59,8 @@ class LocalController:
         self.specs = model_specs(models_cfg, cluster_cfg)
         # Emulated MIG: a repartition rewrites a declared layout at once, so the
         # planner may cut the most efficient slices even in a burst (no fast path).
-        self.policy = policy_config(models_cfg, cluster_cfg, repartition_s=LOCAL_REPARTITION_S)
+        self.policy = policy_config(models_cfg, cluster_cfg, repartition_s=LOCAL_REPARTITION_S,
+                                    replica_start_s=LOCAL_REPLICA_START_S)
         self.slo_p99_ms = {m.name: float(m.slo.p99_ms) for m in models_cfg.models}
         self.api_state = ApiState(cluster_cfg.namespace)
         self.api: ServerHandle | None = None
