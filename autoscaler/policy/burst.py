@@ -34,7 +34,7 @@ class BurstConfig:
     # keep the backlog in the clients, so arrivals never exceed completions; a
     # queue time above this multiple of compute time means more is wanted.
     saturated_queue_compute: float = 1.0
-    saturated_share: float = 0.9
+    saturated_share: float = 1.0
     max_pressure: float = 4.0
 
 

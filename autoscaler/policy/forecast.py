@@ -162,23 +162,31 @@ def observe(h: Headroom, t_s: float, rate: float | None, forecast_rps: float | N
     passed, open a new one every ``sample_s`` (from ``forecast_rps``, the envelope the floor
     used), and refresh the quantile when a sample closed."""
     opened = h.open
-    if rate is not None:
+    if rate is not None and any(rate > m0 for _, _, m0 in opened):
         opened = tuple((t0, f0, max(m0, rate)) for t0, f0, m0 in opened)
-    ratios = h.ratios
-    closed = [o for o in opened if t_s - o[0] >= horizon_s]
-    if closed:
+    ratios, srt = h.ratios, h.sorted_ratios
+    if opened and t_s - opened[0][0] >= horizon_s:
+        closed = [o for o in opened if t_s - o[0] >= horizon_s]
         opened = tuple(o for o in opened if t_s - o[0] < horizon_s)
-        ratios = ratios + tuple((t_s, m0 / f0) for _, f0, m0 in closed if f0 > 0)
+        new = [(t_s, m0 / f0) for _, f0, m0 in closed if f0 > 0]
+        ratios = ratios + tuple(new)
+        for _, r in new:  # kept sorted by insertion: one copy, not a sort
+            i = bisect.bisect_right(srt, r)
+            srt = srt[:i] + (r,) + srt[i:]
     cut = t_s - cfg.window_s
     if ratios and ratios[0][0] <= cut:
-        ratios = tuple(r for r in ratios if r[0] > cut)
+        k = 0
+        while k < len(ratios) and ratios[k][0] <= cut:
+            i = bisect.bisect_left(srt, ratios[k][1])
+            srt = srt[:i] + srt[i + 1:]
+            k += 1
+        ratios = ratios[k:]
     last = h.last_sample_s
     if forecast_rps is not None and forecast_rps > 0 and (last is None or t_s - last >= cfg.sample_s - 1e-9):
         opened = opened + ((t_s, forecast_rps, rate if rate is not None else 0.0),)
         last = t_s
     if ratios is h.ratios:
-        return Headroom(opened, ratios, h.value, last, h.sorted_ratios)
-    srt = tuple(sorted(r for _, r in ratios))
+        return Headroom(opened, ratios, h.value, last, srt)
     return Headroom(opened, ratios, _quantile_headroom(srt, cfg), last, srt)
 
 
