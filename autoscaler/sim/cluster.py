@@ -12,13 +12,13 @@ What it models (defaults in ``SimConfig``):
 - **Replicas.** One replica = one MIG instance. CREATE starts a replica that is
   READY ``start_delay_s`` later (30 s default: a Kubernetes pod with a cached
   Triton image loading a small model; a local ``tritonserver`` is ~2 s, see
-  FACTS.md §9, pass ``start_delay_s=2`` for that). DRAIN stops routing at once
+  docs/triton-local.md, pass ``start_delay_s=2`` for that). DRAIN stops routing at once
   and finishes in-flight work in ``drain_s``; DELETE of a draining replica
   waits for the drain.
 - **Repartition.** REPARTITION needs the affected instances empty (a replica
   still on them that is being drained makes it wait; one that nobody drains
   is an error), then holds the GPU for ``repartition_delay_s`` (180 s, the
-  mig-manager figure of FACTS.md §5). Replicas created on it meanwhile start
+  mig-manager figure of docs/gpu-operator.md). Replicas created on it meanwhile start
   when it finishes.
 - **Ordering.** Actions run in order; WAIT_READY, a REPARTITION of an
   instance still draining and a CREATE on it block the actions after them
