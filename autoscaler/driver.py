@@ -120,7 +120,7 @@ class Driver:
         self._hook("before_tick")
         try:
             result = self.loop.tick()
-        except Exception as exc:  # noqa: BLE001 - a bug must not stop the controller; log, count, back off
+        except Exception as exc:
             log.exception("tick raised")
             with self._lock:
                 self.ticks += 1
@@ -145,7 +145,7 @@ class Driver:
             return
         try:
             fn(*args)
-        except Exception as exc:  # noqa: BLE001 - a broken observer must not stop the loop
+        except Exception as exc:
             log.exception("%s hook raised", name)
             with self._lock:
                 self.hook_errors += 1

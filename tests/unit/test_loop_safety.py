@@ -6,6 +6,7 @@ import json
 import threading
 
 from autoscaler.clock import VirtualClock
+from autoscaler.driver import Driver
 from autoscaler.fakes import (
     FakeInventory,
     FakeMetricsSource,
@@ -30,7 +31,7 @@ def make_loop(a=1, b=1, log=None, converge_calls=0, **cfg):
     reps = [Replica(f"a-{i}", "a", PROFILE, "node-a/0", i, ReplicaState.READY) for i in range(a)]
     reps += [Replica(f"b-{i}", "b", PROFILE, "node-a/0", i, ReplicaState.READY) for i in range(b)]
     inv = FakeInventory(single_gpu_cluster(replicas=reps))
-    act = RecordingActuator(inv, converge_calls=converge_calls)
+    act = RecordingActuator(inv, converge_calls=converge_calls, geometry=False)  # stub_planner: no MIG geometry
     src = FakeMetricsSource()
     clock = VirtualClock(0.0)
     config = PolicyConfig(models=(spec("a"), spec("b")), churn_budget=None, **cfg)
@@ -187,10 +188,10 @@ def test_run_until_stopped_with_virtual_clock():
         if len(seen) == 4:
             stop.set()
 
-    loop, src, _inv, _act, _clock = make_loop()
+    loop, src, _inv, _act, clock = make_loop()
     loop.on_tick = on_tick
     src.set_rate("a", 10), src.set_rate("b", 10)
-    loop.run(stop)
+    Driver(loop, clock, tick_s=loop.config.tick_s).run(stop)
     assert seen == [0, 5, 10, 15]
 
 
@@ -225,7 +226,7 @@ def test_decision_log_rotates_one_generation(tmp_path):
 
 class InFlightActuator(RecordingActuator):
     def __init__(self, inventory):
-        super().__init__(inventory)
+        super().__init__(inventory, geometry=False)
         self.busy_gpus: set[str] = set()
         self.busy_models: set[str] = set()
 
