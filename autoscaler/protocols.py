@@ -301,6 +301,10 @@ class ActionQueue:
         out, self._late = self._late, []
         return out
 
+    def report(self, errors: Sequence[str]) -> None:
+        """Keep errors found outside ``run`` (a backend's own checks) for ``take_errors``."""
+        self._keep(list(errors))
+
     def busy(self, owner: Callable[[str], tuple[str, str] | None]) -> tuple[set[str], set[str]]:
         """GPUs and models named by queued actions other than WAIT_READY (see ``in_flight``)."""
         gpus: set[str] = set()

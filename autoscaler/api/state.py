@@ -27,15 +27,21 @@ a terminating pod and a failed one a failed pod, and the HPA counts neither --
 serving them would make ``current`` disagree with the HPA's count.
 A value that is unknown (no plan yet, metric absent or stale) is simply not in
 the snapshot: the API answers 404 or an empty list, never 0.
+
+Freshness: a snapshot older than ``max_age_s`` (the controller stopped, died,
+or is stuck in a slow tick) is served as its *stale view*: the same pods and
+objects with every value removed, so the HPA finds each metric absent and
+holds its replica count (``docs/hpa.md``) instead of steering on a frozen
+number. ``readiness()`` (``/readyz``) also asks the run loop's ``health``.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from autoscaler.act.kubernetes.render import LWS_WORKER_INDEX, MODEL_LABEL, PROFILE_LABEL
 from autoscaler.act.kubernetes.render import labels as k8s_labels
@@ -49,6 +55,7 @@ from autoscaler.api.views import (
     plan_json,
     slo_from_status,
 )
+from autoscaler.clock import Clock, WallClock
 from autoscaler.mig.products import PRODUCTS
 from autoscaler.policy.types import ClusterState, ModelSpec, Observation, Plan, ReplicaState
 
@@ -151,15 +158,47 @@ class Snapshot:
         return result
 
 
-class ApiState:
-    """Thread-safe holder of the current :class:`Snapshot` plus the history ring buffers."""
+class LoopHealth(Protocol):
+    """What the API needs of the run loop's health (``driver.Health``)."""
 
-    def __init__(self, namespace: str = "default", *, window_s: int | None = None, cache: bool = True) -> None:
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def tick_errors(self) -> int: ...
+
+
+class ApiState:
+    """Thread-safe holder of the current :class:`Snapshot` plus the history ring buffers.
+
+    ``max_age_s``: a published snapshot older than this (on ``clock``) is served
+    without values (see the module docstring); None: never stale. ``health``:
+    the run loop's health (``Driver.health``), for ``/readyz`` and ``/metrics``.
+    """
+
+    def __init__(
+        self,
+        namespace: str = "default",
+        *,
+        window_s: int | None = None,
+        cache: bool = True,
+        max_age_s: float | None = None,
+        clock: Clock | None = None,
+        health: Callable[[], LoopHealth] | None = None,
+    ) -> None:
         self.namespace = namespace
         self.window_s = window_s
         self.cache = cache
+        self.max_age_s = max_age_s
+        self.clock: Clock = clock or WallClock()
+        self.health = health
         self._lock = threading.Lock()
         self._snap = Snapshot(namespace=namespace, window_s=window_s)
+        self._published_s: float | None = None  # clock time of the last update
+        self._stale: tuple[Snapshot, Snapshot] | None = None  # (snapshot, its stale view)
         self._history: dict[str, deque[tuple[float, float | None, float | None]]] = {}
         self._last_plan: Plan | None = None
         self._listeners: list[Any] = []  # callables(snapshot, plan, tick_s, plan_s) -- /metrics
@@ -167,11 +206,38 @@ class ApiState:
     # ------------------------------------------------------------- reading
     @property
     def snapshot(self) -> Snapshot:
-        return self._snap
+        """The current snapshot, or its stale view once it is older than ``max_age_s``."""
+        snap = self._snap
+        if self.max_age_s is None or self._published_s is None:
+            return snap
+        if self.clock.now() - self._published_s <= self.max_age_s:
+            return snap
+        stale = self._stale
+        if stale is None or stale[0] is not snap:
+            stale = (snap, stale_view(snap))
+            self._stale = stale
+        return stale[1]
 
     @property
     def ready(self) -> bool:
-        return self._snap.ready
+        return self.readiness()[0]
+
+    def age_s(self) -> float | None:
+        """Seconds since the last publication (None before the first)."""
+        return None if self._published_s is None else max(0.0, self.clock.now() - self._published_s)
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why not): a tick was published, the run loop is healthy, the picture is fresh."""
+        if not self._snap.ready:
+            return False, "no control tick published yet"
+        if self.health is not None:
+            h = self.health()
+            if not h.ready:
+                return False, h.reason
+        age = self.age_s()
+        if self.max_age_s is not None and age is not None and age > self.max_age_s:
+            return False, f"the published picture is {age:.0f}s old (limit {self.max_age_s:.0f}s)"
+        return True, "ok"
 
     def add_listener(self, fn: Any) -> None:
         self._listeners.append(fn)
@@ -237,6 +303,7 @@ class ApiState:
                 }
             )
             self._snap = snap
+            self._published_s = self.clock.now()
             for fn in self._listeners:
                 fn(snap, fresh_plan, tick_duration_s, plan_duration_s)
 
@@ -253,6 +320,24 @@ class ApiState:
             buf.append((t, finite(s.request_rate) if s else None, finite(s.p99_ms) if s else None))
             while buf and buf[0][0] < t - HISTORY_S:
                 buf.popleft()
+
+
+def stale_view(snap: Snapshot) -> Snapshot:
+    """``snap`` with every metric value removed: pods and objects stay known (so a
+    query still finds them), their values are absent -- 404 or an empty list."""
+    pods = {n: replace(p, values={}) for n, p in snap.pods.items()}
+    objects = {k: replace(o, values={}) for k, o in snap.objects.items()}
+    return replace(
+        snap,
+        pods=pods,
+        objects=objects,
+        namespace_values={},
+        external={k: [] for k in snap.external},
+        replica_counts={},
+        desired={},
+        model_signals={},
+        cache={},
+    )
 
 
 def _jsonable(obj: Any) -> Any:

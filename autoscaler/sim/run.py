@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -193,7 +193,7 @@ def simulate_specs(
         driver.bind(cluster)
     n_warm = math.ceil(warmup_s / step_s - 1e-9)
     first = demand[:, 0]
-    time_ = SimTime(cluster, [first if k < 0 else demand[:, k] for k in range(-n_warm, demand.shape[1])])
+    time_ = SimTime(cluster, n_warm + demand.shape[1], lambda k: first if k < n_warm else demand[:, k - n_warm])
     errors: list[str] = []
     ticks = 0
     if driver is not None:
@@ -221,16 +221,20 @@ def simulate_specs(
 class SimTime:
     """The driver's clock in the simulator: ``sleep(dt)`` integrates the world for ``dt``.
 
-    Time moves in whole ``step_s`` steps of ``SimCluster.advance`` at the next
-    rates of ``rates``; a sleep that ends inside a step ends at that step's
-    end, so a tick is always on the step grid, at the first step boundary at
-    or after its due time (ticks due at 0, 7, 14 s with 5 s steps run at 0,
-    10, 15 s). ``ended()`` once every step of the trace has been simulated.
+    Time moves in whole ``step_s`` steps of ``SimCluster.advance``, step ``k``
+    at the per-model arrival rates ``rates(k)`` (``before_step(k)`` first, to
+    record the world as the step begins); a sleep that ends inside a step ends
+    at that step's end, so a tick is always on the step grid, at the first
+    step boundary at or after its due time (ticks due at 0, 7, 14 s with 5 s
+    steps run at 0, 10, 15 s). ``ended()`` once all ``steps`` have run.
     """
 
-    def __init__(self, cluster: SimCluster, rates: Sequence[np.ndarray]) -> None:
+    def __init__(self, cluster: SimCluster, steps: int, rates: Callable[[int], np.ndarray],
+                 before_step: Callable[[int], None] | None = None) -> None:
         self.cluster = cluster
+        self.steps = steps
         self.rates = rates
+        self.before_step = before_step
         self.k = 0
         self.target = cluster.clock.now()
 
@@ -240,11 +244,13 @@ class SimTime:
     def sleep(self, seconds: float) -> None:
         self.target += seconds
         while not self.ended() and self.cluster.clock.now() < self.target - 1e-9:
-            self.cluster.advance(self.rates[self.k])
+            if self.before_step is not None:
+                self.before_step(self.k)
+            self.cluster.advance(self.rates(self.k))
             self.k += 1
 
     def ended(self) -> bool:
-        return self.k >= len(self.rates)
+        return self.k >= self.steps
 
 
 @dataclass
