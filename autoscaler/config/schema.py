@@ -11,6 +11,11 @@ traceback. YAML is read with size, alias and depth limits (``config/io.py``),
 so a hostile file cannot hang the loader or eat memory. Building the core's
 values and the cross-file checks live in ``config/build.py``; the package
 ``autoscaler.config`` re-exports both.
+
+The models also define the MigModel CRD's schema (``act/kubernetes/crd.py``
+generates it from their JSON Schema), so each cross-field check of a model
+carries its CEL twin beside it (``_cel``). The module is longer than ~450
+lines because both files' schemas live here, each next to its checks.
 """
 
 from __future__ import annotations
