@@ -170,7 +170,7 @@ def read_text(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> str:
 def parse_documents(text: str, where: str | Path) -> list[Any]:
     """Every document of a multi-document YAML text, or the one value of a JSON text.
 
-    JSON is read as JSON: a YAML 1.1 reader takes ``1e-05`` (how Go's encoder,
+    Text that parses as JSON is read as JSON: a YAML 1.1 reader takes ``1e-05`` (how Go's encoder,
     and so ``kubectl get -o json``, writes 0.00001) for a string. YAML gets the
     limits of ``load_yaml``, the expanded size counted over all documents.
     Empty documents (a trailing ``---``) are dropped.
@@ -179,39 +179,15 @@ def parse_documents(text: str, where: str | Path) -> list[Any]:
     if text.lstrip().startswith(("{", "[")):
         try:
             return [json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)]
-        except json.JSONDecodeError as exc:
-            at = f"line {exc.lineno}, column {exc.colno}"
-            raise ConfigError([f"{p}: {at}: JSON error: {exc.msg}"], p) from None
+        except json.JSONDecodeError:
+            pass  # not JSON after all: YAML flow style (``{a: 1}``), read below
         except RecursionError:
             raise ConfigError([f"{p}: JSON nested too deeply, refused"], p) from None
         except ValueError as exc:
             raise ConfigError([f"{p}: JSON error: {exc}"], p) from None
     if not text.strip():
         raise ConfigError([f"{p}: file is empty, expected YAML or JSON"], p)
-    loader = _BoundedLoader(text)
-    docs: list[Any] = []
-    total = 0
-    try:
-        while loader.check_node():
-            node = loader.get_node()
-            if node is None:
-                continue
-            total += _expanded_size(node)
-            if total > MAX_EXPANDED_NODES:
-                raise _LimitError(f"documents expand to more than {MAX_EXPANDED_NODES} nodes, refused")
-            docs.append(loader.construct_document(node))
-    except _LimitError as exc:
-        raise ConfigError([f"{p}: {exc}"], p) from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        what = " ".join(x for x in (exc.context, exc.problem) if x)
-        raise ConfigError([f"{p}: {at}YAML syntax error: {what}"], p) from None
-    except (yaml.YAMLError, RecursionError, ValueError) as exc:
-        raise ConfigError([f"{p}: YAML error: {type(exc).__name__}"], p) from None
-    finally:
-        loader.dispose()
-    return [d for d in docs if d is not None]
+    return [d for d in _documents(text, p, single=False) if d is not None]
 
 
 def _no_constant(name: str) -> Any:
@@ -230,13 +206,29 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
 def _parse_yaml_text(text: str, p: Path) -> Any:
     if not text.strip() or all(ln.lstrip().startswith("#") or not ln.strip() for ln in text.splitlines()):
         raise ConfigError([f"{p}: file is empty, expected a YAML mapping"], p)
+    return _documents(text, p, single=True)[0]
+
+
+def _documents(text: str, p: Path, *, single: bool) -> list[Any]:
+    """The documents of ``text`` (exactly one when ``single``), the expanded size counted over all."""
     loader = _BoundedLoader(text)
+    docs: list[Any] = []
+    total = 0
     try:
-        node = loader.get_single_node()
-        if node is None:
-            raise ConfigError([f"{p}: file is empty, expected a YAML mapping"], p)
-        _expanded_size(node)
-        return loader.construct_document(node)
+        if single:
+            node = loader.get_single_node()
+            if node is None:
+                raise ConfigError([f"{p}: file is empty, expected a YAML mapping"], p)
+            nodes = iter([node])
+        else:
+            # check_node first: it drops the stream-start event get_node would choke on
+            nodes = iter(lambda: loader.get_node() if loader.check_node() else None, None)
+        for node in nodes:
+            total += _expanded_size(node)
+            if total > MAX_EXPANDED_NODES:
+                raise _LimitError(f"documents expand to more than {MAX_EXPANDED_NODES} nodes, refused")
+            docs.append(loader.construct_document(node))
+        return docs
     except _LimitError as exc:
         raise ConfigError([f"{p}: {exc}"], p) from None
     except yaml.MarkedYAMLError as exc:

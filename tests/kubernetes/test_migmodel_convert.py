@@ -197,7 +197,8 @@ def test_from_migmodel_refuses_non_objects():
 
 def test_parse_documents_limits():
     assert parse_documents("a: 1\n---\nb: 2\n---\n", "x") == [{"a": 1}, {"b": 2}]
-    assert parse_documents('{"q": 1e-05}', "x") == [{"q": 1e-05}]
+    assert parse_documents('{"q": 1e-05}', "x") == [{"q": 1e-05}]  # JSON's number, not YAML 1.1's string
+    assert parse_documents("{q: 1}", "x") == [{"q": 1}]  # YAML flow style, not JSON
     bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
         f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 7)
     )
