@@ -58,7 +58,10 @@ WAIT_READY (replica, or gpu/model/start filters)
     A WAIT_READY on a replica that is already READY is done at once.
 DRAIN (replica)
     Stop routing new requests to the replica and let it finish what it holds.
-    It stays listed, DRAINING, until a DELETE removes it. Draining a replica
+    It is listed DRAINING until it goes; a backend may retire it once it is
+    idle (a terminating pod leaves on its own; the local backend stops the
+    drained process; the simulator keeps it until the DELETE), and a replica
+    still STARTING holds no request and may go at once. Draining a replica
     that is already draining, or that no longer exists, is done (nothing left
     to route to it).
 DELETE (replica)

@@ -324,3 +324,24 @@ def test_in_flight_answering_none_falls_back_to_the_global_gate():
     r = loop.tick()
     assert r.gated and act.apply_calls == []
     assert r.reasons["b"] == (Reason.HOLD_CONVERGING,)
+
+
+def test_late_errors_of_queued_actions_are_reported_without_failing_the_tick(tmp_path):
+    from autoscaler.policy.types import Action
+
+    log = tmp_path / "decisions.jsonl"
+    loop, src, inv, act, clock = make_loop(log=log)
+    act.instant, act.fail_starts = False, {"a-new"}
+    src.set_rate("a", 10), src.set_rate("b", 10)
+    # an earlier tick's swap still queued in the actuator: its replacement will fail to start
+    act.apply([Action(ActionKind.CREATE, Reason.PROFILE_EFFICIENCY, gpu="node-a/0", model="a", profile=PROFILE,
+                      start=5, replica="a-new"),
+               Action(ActionKind.WAIT_READY, Reason.PROFILE_EFFICIENCY, replica="a-new"),
+               Action(ActionKind.DRAIN, Reason.PROFILE_EFFICIENCY, replica="a-0")])
+    act.settle()
+    r = loop.tick()
+    assert r.ok and r.errors == () and r.next_delay_s == loop.config.tick_s  # no back-off for old work
+    assert any("a-new failed to start" in e for e in r.late_errors)
+    assert any("skipped" in e and "a-0" in e for e in r.late_errors)
+    assert json.loads(log.read_text().splitlines()[-1])["late_errors"] == list(r.late_errors)
+    assert loop.tick().late_errors == ()  # each reported once
