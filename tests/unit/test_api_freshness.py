@@ -66,7 +66,7 @@ def _values_served(c: TestClient) -> dict[str, object]:
 
 
 def test_readyz_follows_the_first_tick_the_loop_and_the_age_of_the_picture(world):
-    clock, state, ticks, driver, c = world
+    clock, _state, _ticks, driver, c = world
     r = c.get("/readyz")
     assert r.status_code == 503 and r.json()["message"] == "no control tick published yet"
     driver.step()
@@ -82,7 +82,7 @@ def test_readyz_follows_the_first_tick_the_loop_and_the_age_of_the_picture(world
 
 
 def test_a_stale_picture_serves_no_values_and_a_fresh_tick_restores_them(world):
-    clock, state, ticks, driver, c = world
+    clock, _state, _ticks, driver, c = world
     driver.step()
     assert _values_served(c) == {"pods": 1, "object": 200, "namespace": 200, "external": 2}
     assert b"migscale_desired_replicas{" in c.get("/metrics").content
@@ -99,7 +99,7 @@ def test_a_stale_picture_serves_no_values_and_a_fresh_tick_restores_them(world):
 
 
 def test_the_stale_view_answers_repeated_queries_from_its_own_cache(world):
-    clock, state, ticks, driver, c = world
+    clock, _state, _ticks, driver, c = world
     driver.step()
     assert c.get(PODS, params=SEL).json()["items"]  # cached in the fresh snapshot
     clock.advance(16.0)
@@ -108,7 +108,7 @@ def test_the_stale_view_answers_repeated_queries_from_its_own_cache(world):
 
 
 def test_tick_errors_are_counted_in_metrics(world):
-    clock, state, ticks, driver, c = world
+    _clock, _state, ticks, driver, c = world
     driver.step()
     assert b"migscale_tick_errors_total 0.0" in c.get("/metrics").content
     ticks.fail = True

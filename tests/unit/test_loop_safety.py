@@ -330,7 +330,7 @@ def test_late_errors_of_queued_actions_are_reported_without_failing_the_tick(tmp
     from autoscaler.policy.types import Action
 
     log = tmp_path / "decisions.jsonl"
-    loop, src, inv, act, clock = make_loop(log=log)
+    loop, src, _inv, act, _clock = make_loop(log=log)
     act.instant, act.fail_starts = False, {"a-new"}
     src.set_rate("a", 10), src.set_rate("b", 10)
     # an earlier tick's swap still queued in the actuator: its replacement will fail to start
