@@ -219,27 +219,28 @@ class RecordingActuator:
                 if r.state is not ReplicaState.READY:
                     return WAIT
             return None
+        r = self._replica(a.replica)
         if k is ActionKind.DRAIN:
-            r = self._replica(a.replica)
-            if r is not None and r.state is not ReplicaState.DRAINING:
-                self._set(replicas=[dataclasses.replace(x, state=ReplicaState.DRAINING, since_s=self.now_s)
-                                    if x.id == r.id else x for x in self.inventory.cluster.replicas])
+            if r is not None:
+                self._draining(r.id)
             return None
         if k is ActionKind.DELETE:
-            r = self._replica(a.replica)
             if r is None:
                 return None  # already gone: deleting is idempotent
             if self.instant:
                 self._set(replicas=[x for x in self.inventory.cluster.replicas if x.id != r.id])
             else:
                 self._deleting.add(r.id)
-                if r.state is not ReplicaState.DRAINING:
-                    self._set(replicas=[dataclasses.replace(x, state=ReplicaState.DRAINING)
-                                        if x.id == r.id else x for x in self.inventory.cluster.replicas])
+                self._draining(r.id)
             return None
         if k is ActionKind.REPARTITION:
             return self._repartition(a)
         return f"{describe(a)}: not supported"
+
+    def _draining(self, rid: str) -> None:
+        self._set(replicas=[dataclasses.replace(x, state=ReplicaState.DRAINING, since_s=self.now_s)
+                            if x.id == rid and x.state is not ReplicaState.DRAINING else x
+                            for x in self.inventory.cluster.replicas])
 
     def _create(self, a: Action, chain: Chain) -> str | None:
         c = self.inventory.cluster

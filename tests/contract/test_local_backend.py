@@ -4,8 +4,8 @@
   (``wait_ready_timeout_s``) and drops the rest of its chain: the suite's
   fault is a start that fails, this is one that hangs.
 - ONE real ``tritonserver`` case: the same make-before-break swap as the suite,
-  on real processes, and ``apply`` returns before the new replica is ready
-  (a Triton start takes ~1.5 s; before the contract, ``apply`` blocked on it).
+  on real processes, and ``apply`` returns while the new replica is still
+  starting (a Triton start takes ~1.5 s; the wait is the backend's, not the tick's).
 """
 
 from __future__ import annotations
