@@ -82,6 +82,14 @@ class LeaderGate:
     def converging(self) -> bool:
         return self.backend.converging()
 
+    def in_flight(self) -> None:
+        # The backend cannot say what is in flight per GPU and model yet: None
+        # keeps the loop's global converging() gate for it.
+        return None
+
+    def take_errors(self) -> list[str]:
+        return []  # the backend queues nothing: every error is returned by apply
+
 
 @dataclass(frozen=True)
 class Role:

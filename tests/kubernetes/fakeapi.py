@@ -1,6 +1,6 @@
 """A small in-memory Kubernetes API server for the backend tests.
 
-No real API server can be installed on these machines (FACTS.md §12), so this
+No real API server can be installed on these machines (docs/kubernetes-api.md), so this
 speaks the REST protocol the official ``kubernetes`` client uses, on
 127.0.0.1 and a free port, with the semantics migscale relies on:
 

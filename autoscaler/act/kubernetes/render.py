@@ -5,7 +5,7 @@ prints it; neither adds fields of its own, so what you review in the rendered
 YAML is exactly what the backend sends. Nothing here does I/O.
 
 Per (model, MIG profile): a Deployment of Triton pods that each request one
-``nvidia.com/mig-<profile>`` (one process sees one MIG device, FACTS.md §5),
+``nvidia.com/mig-<profile>`` (one process sees one MIG device, docs/gpu-operator.md),
 a PodDisruptionBudget, and an HPA v2 fed by migscale's metric. Per model: a
 Service. Once: a PodMonitor for Triton and the mig-parted ConfigMap that the
 GPU Operator's mig-manager reads. A ``backend: multinode`` model becomes a
@@ -60,7 +60,7 @@ class ScalingRules:
     policies: tuple[ScalingPolicy, ...] = ()
 
 
-# The HPA's own defaults (FACTS.md §6), used when cluster.yaml says nothing.
+# The HPA's own defaults (docs/hpa.md), used when cluster.yaml says nothing.
 DEFAULT_SCALE_UP = ScalingRules(0, "Max", (ScalingPolicy("Percent", 100, 15), ScalingPolicy("Pods", 4, 15)))
 DEFAULT_SCALE_DOWN = ScalingRules(300, "Max", (ScalingPolicy("Percent", 100, 15),))
 

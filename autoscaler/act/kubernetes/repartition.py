@@ -19,7 +19,7 @@ On a timeout or ``failed`` the label is set back to its previous value (or
 removed), the node is uncordoned, and the error is returned for the report.
 GPU pods that migscale does not own make it refuse before touching anything:
 mig-manager would kill them. Secondary sources put a mig-manager repartition at
-3-5 minutes (FACTS.md §5), hence the 600 s default timeout. Waits use the
+3-5 minutes (docs/gpu-operator.md), hence the 600 s default timeout. Waits use the
 injected Clock.
 """
 
