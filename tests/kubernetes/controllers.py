@@ -17,8 +17,9 @@ name). Times are passed in, so a test can drive them with a VirtualClock or
   Terminating and terminal pods are not active.
 - ``Kubelet`` (with the scheduler and the device plugin): binds a pending pod
   to a schedulable node (not cordoned, node affinity matched, enough free
-  extended resources such as ``nvidia.com/mig-1g.10gb``) or marks it
-  ``PodScheduled=False/Unschedulable``; admits a bound pod only if the device
+  extended resources such as ``nvidia.com/mig-1g.10gb``; among those the
+  fullest, as kube-scheduler's MostAllocated scoring bin-packs, ties to the
+  last name) or marks it ``PodScheduled=False/Unschedulable``; admits a bound pod only if the device
   plugin still has a free device (else ``Failed/UnexpectedAdmissionError``);
   a running pod is Ready ``ready_delay_s`` later; a deleted pod is removed
   ``stop_s`` later (its preStop sleep and shutdown, never past its grace).
@@ -83,7 +84,10 @@ class DeploymentController:
         self.fake = fake
 
     def step(self, now: float) -> None:
-        rss = self.fake.view("ReplicaSet", "apps")
+        by_owner: dict[str, list[Obj]] = {}
+        for r in self.fake.view("ReplicaSet", "apps"):
+            for ref in r["metadata"].get("ownerReferences") or []:
+                by_owner.setdefault(ref.get("uid"), []).append(r)
         for d in self.fake.view("Deployment", "apps"):
             if d["metadata"].get("deletionTimestamp"):
                 continue
@@ -91,7 +95,7 @@ class DeploymentController:
             want = int(spec.get("replicas", 1))
             tpl = spec.get("template") or {}
             h = hashlib.sha256(json.dumps(tpl, sort_keys=True).encode()).hexdigest()[:10]
-            mine = [r for r in rss if owned_by(r, uid)]
+            mine = by_owner.get(uid, [])
             new = next((r for r in mine if (r["metadata"].get("labels") or {}).get(HASH) == h), None)
             olds = [r for r in mine if r is not new]
             if new is None:
@@ -168,10 +172,12 @@ class ReplicaSetController:
         self.fake = fake
 
     def step(self, now: float) -> None:
-        pods = self.fake.view("Pod")
+        by_owner: dict[str, list[Obj]] = {}
+        for p in self.fake.view("Pod"):
+            for ref in p["metadata"].get("ownerReferences") or []:
+                by_owner.setdefault(ref.get("uid"), []).append(p)
         for rs in self.fake.view("ReplicaSet", "apps"):
-            uid = rs["metadata"]["uid"]
-            mine = [p for p in pods if owned_by(p, uid)]
+            mine = by_owner.get(rs["metadata"]["uid"], [])
             live = [p for p in mine if active(p)]
             diff = len(live) - int(rs["spec"].get("replicas", 0))
             if diff < 0:
@@ -293,8 +299,17 @@ class Kubelet:
                 set_status(self.fake, p, {**(p.get("status") or {}), "phase": "Pending", "conditions": [cond]}, "default-scheduler")
             return
         first = next(iter(req), None)
-        best = max(fits, key=lambda n: (self._free(n, used[n["metadata"]["name"]], first) if first else 0,
-                                        n["metadata"]["name"]))
+
+        def most_allocated(n: Obj) -> tuple[float, str]:
+            # kube-scheduler's NodeResourcesFit with the MostAllocated strategy over the pod's extended
+            # resource: the fullest node that fits wins (bin-packing, as GPU clusters are configured)
+            if first is None:
+                return (0.0, n["metadata"]["name"])
+            alloc = int(((n.get("status") or {}).get("allocatable") or {}).get(first, 0))
+            return ((alloc - self._free(n, used[n["metadata"]["name"]], first) + req[first]) / max(1, alloc),
+                    n["metadata"]["name"])
+
+        best = max(fits, key=most_allocated)
         name = best["metadata"]["name"]
         for k, v in req.items():
             used[name][k] = used[name].get(k, 0) + v
@@ -357,11 +372,15 @@ class DisruptionController:
         return sum(seen.values())
 
     def step(self, now: float) -> None:
-        pods = self.fake.view("Pod")
+        by_ns: dict[str, list[Obj]] = {}
+        for p in self.fake.view("Pod"):
+            by_ns.setdefault(p["metadata"].get("namespace"), []).append(p)
         for pdb in self.fake.view("PodDisruptionBudget", "policy"):
             spec = pdb.get("spec") or {}
+            want = (spec.get("selector") or {}).get("matchLabels") or {}
             sel = match_labels_selector(spec.get("selector"))
-            mine = [p for p in pods if p["metadata"].get("namespace") == pdb["metadata"]["namespace"]
+            mine = [p for p in by_ns.get(pdb["metadata"]["namespace"], [])
+                    if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in want.items())
                     and selector_matches(sel, p["metadata"].get("labels") or {})]
             st = pdb.get("status") or {}
             disrupted = {k: v for k, v in (st.get("disruptedPods") or {}).items()

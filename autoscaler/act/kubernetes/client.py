@@ -133,11 +133,21 @@ class KubeRest:
         self.api = api_client
         self.guard: Callable[[str, str], None] | None = None  # raises Fenced to refuse a write
         self.counts: Counter[str] = Counter()  # requests by verb ("WATCH" for a watch opened)
+        self.by_resource: Counter[tuple[str, str]] = Counter()  # (verb, resource) -> requests
         self._count_lock = threading.Lock()
 
-    def _count(self, verb: str) -> None:
+    def _count(self, verb: str, path: str = "") -> None:
+        parts = [p for p in path.split("/") if p]
+        # /api/v1/namespaces/ns/pods/name/eviction -> "pods/eviction"; /apis/g/v/nodes -> "nodes"
+        rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+        if rest[:1] == ["namespaces"] and len(rest) > 2:
+            rest = rest[2:]
+        resource = rest[0] if rest else "?"
+        if len(rest) > 2:
+            resource += "/" + rest[2]
         with self._count_lock:
             self.counts[verb] += 1
+            self.by_resource[(verb, resource)] += 1
 
     def total_requests(self) -> int:
         with self._count_lock:
@@ -178,7 +188,7 @@ class KubeRest:
     ) -> Obj:
         if self.guard is not None and is_write(method, path):
             self.guard(method, path)
-        self._count(method)
+        self._count(method, path)
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
@@ -271,7 +281,7 @@ class KubeRest:
         if field_selector:
             q.append(("fieldSelector", field_selector))
         path = path_for(api_version, kind, namespace)
-        self._count("WATCH")
+        self._count("WATCH", path)
         m, url, hdrs, _body, _ = self.api.param_serialize(
             method="GET",
             resource_path=path,

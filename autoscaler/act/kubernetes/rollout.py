@@ -231,7 +231,9 @@ class Rollout:
                     self.workloads.prefer_removal(pod)
             return DONE
         if k is ActionKind.DELETE:
-            n = step.n
+            n = min(step.n, self.workloads.size(*key))
+            if n <= 0:
+                return DONE  # nothing left to remove (an earlier step or a failover already did)
             allowed = self.workloads.disruptions_allowed(*key)
             if allowed is not None and step.profile != WHOLE:
                 # the ReplicaSet removes not-Ready pods first; Ready ones only as far as the budget allows
