@@ -9,7 +9,8 @@ capability ships, and nothing else:
     ControlLoop (loop.py) -- observe -> decide (policy/) -> act
     Driver (driver.py) -- the one run loop: cadence, back-off, hooks, health
     ApiState + create_app (api/) -- custom/external metrics, /metrics,
-        /v1/plan, /v1/status (with each model's condition), /ui
+        /v1/plan, /v1/status (with each model's condition), /ui; ready while
+        the driver's health says the picture is current
     LeaseElector (act/kubernetes/leader.py) -- who may act, renewed on its own thread
 
 The Driver's hooks carry the Kubernetes specifics: ``before_tick`` refreshes
@@ -112,6 +113,10 @@ class LeaderGate:
     def in_flight(self) -> tuple[frozenset[str], frozenset[str]]:
         return self.backend.in_flight()
 
+    def take_errors(self) -> list[str]:
+        # only a leader queues work; what a deposed leader had queued was dropped with it
+        return self.backend.take_errors() if self.leading else []
+
 
 @dataclass(frozen=True)
 class Role:
@@ -149,17 +154,19 @@ class KubernetesController:
         self.model_source = model_source or StaticModels(
             ModelSet(tuple(self.policy.models), dict(self.policy.slo_p99_ms)))
         self.models: ModelSet | None = None
-        self.api_state = ApiState(cluster_cfg.namespace)
         self.gate = LeaderGate(backend)
         self.decision_log = Path(decision_log) if decision_log is not None else None
         self.loop = ControlLoop(source, backend, self.gate, self.policy, self.clock, decision_log=None)
-        self.driver = Driver(self.loop, self.clock, tick_s=self.policy.tick_s,
+        # three missed ticks: one slow or failed tick is still current, a stuck loop is not
+        max_age_s = 3.0 * self.policy.tick_s
+        self.driver = Driver(self.loop, self.clock, tick_s=self.policy.tick_s, max_snapshot_age_s=max_age_s,
                              hooks=Hooks(before_tick=self.before_tick, after_tick=self.after_tick))
+        self.api_state = ApiState(cluster_cfg.namespace, max_age_s=max_age_s, clock=self.clock,
+                                  health=self.driver.health)
         self.on_result = on_result
         self.role = Role(False, None, "not tried")
         self.leader_ticks = 0
         self.follower_ticks = 0
-        self.advance_errors: tuple[str, ...] = ()
         self.api: ServerHandle | None = None
         self._last_plan: Plan | None = None
         self._tick_started = 0.0
@@ -217,8 +224,9 @@ class KubernetesController:
         self.loop.decision_log = self.decision_log if role.leader else None
         if role.leader:
             self.leader_ticks += 1
-            errors = [] if self._was_leader else self.backend.workloads.reconcile_templates()
-            self.advance_errors = tuple(errors + self.backend.advance())
+            if not self._was_leader:
+                self.backend.start_leading()
+            self.backend.advance()  # what fails is reported by take_errors() in this tick's result
         else:
             self.follower_ticks += 1
             if self._was_leader:
@@ -264,7 +272,8 @@ class KubernetesController:
                 # a leader's tick with actions wrote them; a follower's never did
                 "acted": self.role.leader and not r.gated and bool(r.actions),
                 "actions": [action_json(a) for a in r.actions],
-                "errors": list(r.errors) + list(self.advance_errors),
+                "errors": list(r.errors),
+                "late_errors": list(r.late_errors),
                 "notes": [n for n in r.notes if "Traceback" not in n],
                 "next_delay_s": r.next_delay_s,
             },

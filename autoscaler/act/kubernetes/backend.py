@@ -9,7 +9,9 @@ with the official ``kubernetes`` client, composed of:
   so a steady tick sends no request;
 - ``Rollout`` (``rollout.py``): ``apply(actions)`` queues the tick's actions
   as make-before-break chains and starts them; ``advance()`` (once per
-  leader tick, from the controller's ``before_tick``) moves them on;
+  leader tick, from the controller's ``before_tick``) moves them on, and what
+  fails later is reported once by ``take_errors()`` (the actuator contract,
+  ``autoscaler/protocols.py``);
 - ``Repartitioner`` (``repartition.py``): the per-node state machine whose
   state is an annotation on the Node;
 - ``EventRecorder`` (``events.py``): an Event for each scale, swap step and
@@ -85,6 +87,7 @@ class KubernetesBackend:
         self.rollout = Rollout(self.workloads, self.repartitioner, self.clock, cannot_start=self._cannot_start,
                                ready_timeout_s=ready_timeout_s)
         self.apply_calls: deque[str] = deque(maxlen=500)  # what was written, newest last
+        self._late: deque[str] = deque(maxlen=200)  # errors of queued work, until take_errors() reads them
         self._last: ClusterState | None = None
         self._transitions: dict[str, tuple[str, str, float]] = {}  # model -> (status, reason, since)
         self.set_models(models)
@@ -143,7 +146,18 @@ class KubernetesBackend:
         errors = self.repartitioner.advance()
         errors += self.rollout.advance()
         errors += self.workloads.sweep(self.rollout.workload_names())
+        self._late.extend(errors)
         return errors
+
+    def take_errors(self) -> list[str]:
+        """Errors of queued work (rollouts, repartitions, retirements) since the last call, each once."""
+        out = list(self._late)
+        self._late.clear()
+        return out
+
+    def start_leading(self) -> None:
+        """Bring live workloads to the current templates (an upgrade, a changed image); errors reported late."""
+        self._late.extend(self.workloads.reconcile_templates())
 
     def stop_leading(self) -> None:
         self.rollout.reset()

@@ -44,7 +44,7 @@ def render_config(cluster: ClusterConfig, **overrides: Any) -> RenderConfig:
 
 
 def mig_configs(cluster: ClusterConfig) -> dict[str, list[dict]]:
-    """One mig-parted entry per node with declared layouts (FACTS.md §5 format)."""
+    """One mig-parted entry per node with declared layouts (docs/gpu-operator.md format)."""
     state = initial_cluster_state(cluster)
     by_node: dict[str, list] = {}
     for g in sorted(state.gpus, key=lambda g: (g.node, int(g.id.rpartition("/")[2]))):

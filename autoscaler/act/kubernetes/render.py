@@ -5,7 +5,7 @@ prints it; neither adds fields of its own, so what you review in the rendered
 YAML is exactly what the backend sends. Nothing here does I/O.
 
 Per (model, MIG profile): a Deployment of Triton pods that each request one
-``nvidia.com/mig-<profile>`` (one process sees one MIG device, FACTS.md §5)
+``nvidia.com/mig-<profile>`` (one process sees one MIG device, docs/gpu-operator.md)
 and a PodDisruptionBudget. Per model: a Service. Once: a PodMonitor for Triton
 and the mig-parted ConfigMap that the GPU Operator's mig-manager reads. A
 ``backend: multinode`` model becomes a LeaderWorkerSet (one group =
