@@ -3,7 +3,13 @@
 Place in the loop: the backend's ``apply`` hands the planner's actions here;
 ``advance`` runs once per leader tick. Nothing blocks: a step either
 completes now, waits for the cluster (and is tried again next tick), or fails
-and drops the rest of its chain -- never a break without its make.
+and drops the rest of its chain, each dropped action reported as skipped --
+never a break without its make. This is the actuator contract of
+``autoscaler/protocols.py`` at the level Kubernetes offers: the ReplicaSet
+names the pods and the scheduler and device plugin pick node and instance, so
+a CREATE is "one more pod of this workload" (an error only when its node has
+no instance of the profile at all), and a DRAIN/DELETE of a pod that is
+already gone is done without removing another.
 
 Actions are split into independent chains: actions sharing a model are
 linked, and so are actions on a node that this batch repartitions (the whole
@@ -63,6 +69,9 @@ class Step:
     layouts: tuple[tuple[Placement, ...] | None, ...] = ()
     targets: dict[str, tuple[Placement, ...] | None] = field(default_factory=dict)  # REPARTITION: GPU -> layout
     rid: str | None = None
+    carved_first: bool = False  # CREATE: a REPARTITION of its node runs before it in the chain
+    removed: int = 0  # DELETE: pods already scaled away by this step (the budget paces it over ticks)
+    actions: int = 1  # planner actions merged into this step (each is reported if skipped)
 
     @property
     def n(self) -> int:
@@ -78,6 +87,11 @@ class Chain:
     head: int = -1  # id() of the step that is waiting
     since: float = 0.0
     why: str = ""
+
+
+def _name(s: Step) -> str:
+    what = workload_name(s.model, s.profile) if s.model and s.profile else (s.node or "")
+    return f"{s.kind.value} {what}".strip()
 
 
 def node_of(gpu: str | None) -> str | None:
@@ -100,6 +114,7 @@ class Rollout:
         self.cannot_start = cannot_start  # (model, profile) -> why its new pods can never become Ready
         self.ready_timeout_s = ready_timeout_s
         self.chains: list[Chain] = []
+        self.last: ClusterState | None = None  # the snapshot the current actions were planned from
 
     # ------------------------------------------------------------ building chains
 
@@ -151,17 +166,23 @@ class Rollout:
                 step.layouts = _node_layouts(cluster, node, step.targets)
                 continue
             same = last is not None and last.kind is a.kind and last.model == a.model and last.profile == prof
+            carved = any(n in repart for n in (node_of(g) for g in gpus))
             if same and a.kind is not ActionKind.WAIT_READY:
                 last.replicas += (a.replica or "",)
                 last.gpus += gpus
-            elif not (same and a.kind is ActionKind.WAIT_READY):
+                last.carved_first = last.carved_first or carved
+                last.actions += 1
+            elif same:
+                last.actions += 1
+            else:
                 steps.append(Step(a.kind, a.reason, model=a.model, profile=prof,
-                                  replicas=(a.replica or "",), gpus=gpus))
+                                  replicas=(a.replica or "",), gpus=gpus, carved_first=carved))
         return steps
 
     # ------------------------------------------------------------ running
 
     def submit(self, actions: Sequence[Action], cluster: ClusterState) -> list[str]:
+        self.last = cluster
         for group in self._split(actions):
             steps = self._steps(group, cluster)
             if steps:
@@ -187,13 +208,13 @@ class Rollout:
                     break
                 chain.steps.pop(0)
                 if res != DONE:
-                    left = len(chain.steps)
+                    why = res.lstrip(QUIET)
+                    if not res.startswith(QUIET):
+                        errors.append(res)
+                    # each action that depended on it, reported (the actuator contract)
+                    errors += [f"{_name(s)}: skipped, an earlier action of its change failed ({why})"
+                               for s in chain.steps for _ in range(s.actions)]
                     chain.steps.clear()
-                    if res.startswith(QUIET):
-                        if left:
-                            errors.append(f"{res[1:]}: {left} later action(s) of this change dropped")
-                    else:
-                        errors.append(res + (f"; {left} later action(s) of this change dropped" if left else ""))
             if not chain.steps:
                 self.chains.remove(chain)
         return errors
@@ -207,6 +228,9 @@ class Rollout:
             return f"{step.model}: not in the models config; action skipped"
         key = (spec.name, step.profile)
         if k is ActionKind.CREATE:
+            missing = self.uncarved(step)
+            if missing:
+                return f"create {spec.name}: {missing}; carve it first (REPARTITION)"
             old = self.workloads.size(*key)
             self.workloads.scale(spec, step.profile, old + step.n, step.reason.value)
             chain.targets[key] = old + step.n
@@ -231,7 +255,11 @@ class Rollout:
                     self.workloads.prefer_removal(pod)
             return DONE
         if k is ActionKind.DELETE:
-            n = min(step.n, self.workloads.size(*key))
+            n = min(step.n - step.removed, self.workloads.size(*key))
+            if step.profile != WHOLE:  # a replica already gone (or going) is done: removing another would not be
+                live = {p["metadata"]["name"] for p in self.workloads.pods_of(*key)
+                        if not p["metadata"].get("deletionTimestamp")}
+                n = min(n, sum(1 for r in step.replicas if r in live))
             if n <= 0:
                 return DONE  # nothing left to remove (an earlier step or a failover already did)
             allowed = self.workloads.disruptions_allowed(*key)
@@ -247,8 +275,8 @@ class Rollout:
                 return WAIT
             old = self.workloads.size(*key)
             self.workloads.scale(spec, step.profile, max(0, old - n), step.reason.value)
-            if n < step.n:  # the rest next tick, once the budget has caught up
-                step.replicas = step.replicas[n:]
+            step.removed += n
+            if step.removed < step.n:  # the rest next tick, once the budget has caught up
                 chain.why = f"scaling {workload_name(*key)} down {n} at a time, as its disruption budget allows"
                 return WAIT
             return DONE
@@ -257,6 +285,11 @@ class Rollout:
     def _repartition(self, chain: Chain, step: Step) -> str:
         node = step.node or ""
         if step.rid is None:
+            if self.last is not None and all(
+                    tuple(sorted(lay or ())) == tuple(sorted(self.last.gpu(g).layout)) and
+                    (lay is None) == (not self.last.gpu(g).mig_enabled)
+                    for g, lay in step.targets.items() if any(x.id == g for x in self.last.gpus)):
+                return DONE  # the layout it already has (as far as the node's labels tell): nothing to do
             rid, err = self.repartitioner.start(node, step.layouts)
             if err:
                 return err
@@ -274,6 +307,17 @@ class Rollout:
         # (a cache that has not caught up with our own start yet shows no state: wait for it)
         chain.why = f"repartitioning {node} ({(st or {}).get('phase', 'starting')})"
         return WAIT
+
+    def uncarved(self, step: Step) -> str | None:
+        """Why a CREATE cannot run: its node has no instance of the profile (None: it has, or a REPARTITION
+        of the node ran first). Pods go wherever the scheduler puts them, so the check is per node."""
+        if step.profile == WHOLE or step.carved_first or self.last is None:
+            return None
+        for node in sorted({n for n in (node_of(g) for g in step.gpus) if n}):
+            gpus = [g for g in self.last.gpus if g.node == node]
+            if gpus and not any(p.profile == step.profile for g in gpus for p in g.layout):
+                return f"node {node} has no {step.profile} instance"
+        return None
 
     # ------------------------------------------------------------ what is under way
 
