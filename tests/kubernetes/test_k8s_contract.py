@@ -114,7 +114,7 @@ def test_drain_and_delete_of_a_replica_already_gone_are_done_and_remove_nothing_
     settle(be, fake)
     assert be.apply([act("drain", "m", "1g.10gb", replica="ghost"), act("delete", "m", "1g.10gb", replica="ghost")]) == []
     assert fake.get("Deployment", "m-1g-10gb")["spec"]["replicas"] == 2 and settle(be, fake) == []
-    victim = sorted(r.id for r in be.snapshot().replicas)[0]
+    victim = min(r.id for r in be.snapshot().replicas)
     delete = [act("drain", "m", "1g.10gb", replica=victim), act("delete", "m", "1g.10gb", replica=victim)]
     assert be.apply(delete) == []
     settle(be, fake)

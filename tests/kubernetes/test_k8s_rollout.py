@@ -92,8 +92,7 @@ def test_waiting_is_bounded_by_the_ready_timeout(cluster, backends):
     clock.advance(601)
     errors = be.advance()
     assert "0/1 ready after 600s" in errors[0]
-    assert errors[1:] == ["delete resnet-2g-20gb: skipped, an earlier action of its change failed "
-                          f"({errors[0]})"]
+    assert errors[1:] == [f"delete resnet-2g-20gb: skipped, an earlier action of its change failed ({errors[0]})"]
 
 
 def test_one_model_waiting_does_not_hold_up_another(cluster, backends):
