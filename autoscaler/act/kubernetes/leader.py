@@ -26,6 +26,12 @@ leader's own clock started its renew deadline.
 
 Every Lease write carries the resourceVersion we read, so of two replicas
 that both see an expired lease only one update succeeds.
+
+Why not the ``kubernetes`` package's own ``leaderelection``: it measures with
+the wall clock (``time.time``), takes no injected clock (tests could not
+jump time), runs the leader's work in a callback and returns for good once
+leadership is lost (a follower that keeps deciding and serving the metrics
+API does not fit), and offers no check a write can ask before it leaves.
 """
 
 from __future__ import annotations
