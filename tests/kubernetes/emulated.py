@@ -11,7 +11,6 @@ magnitude: pods Ready in tens of seconds, mig-manager minutes, HPA sync 15 s).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from controllers import (
@@ -25,6 +24,7 @@ from crdschema import validate_crd_object
 from fakeapi import FakeKube
 from gpu_operator import MigManager, gpu_node
 from hpa_emulation import HpaController
+from k8s_helpers import wait_until
 
 Obj = dict[str, Any]
 
@@ -69,13 +69,7 @@ class EmulatedCluster:
         self.fake.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
     def wait(self, cond: Any, timeout_s: float = 20.0, what: str = "condition") -> Any:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            got = cond()
-            if got:
-                return got
-            time.sleep(0.05)
-        raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; controller errors: {self.plane.errors[-5:]}")
+        return wait_until(cond, timeout_s, f"{what} (controller errors: {self.plane.errors[-5:]})")
 
     def stop(self) -> None:
         self.plane.stop()

@@ -41,7 +41,7 @@ per-GPU/per-model gate; ``waiting()`` says why, for the models' conditions.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autoscaler.act.kubernetes.client import KubeError
 from autoscaler.act.kubernetes.inventory import is_ready
@@ -52,6 +52,7 @@ from autoscaler.clock import Clock
 from autoscaler.mig.layout import Placement
 from autoscaler.policy.planner import group_of
 from autoscaler.policy.types import Action, ActionKind, ClusterState, Reason
+from autoscaler.protocols import action_groups
 
 DONE, WAIT = "done", "wait"
 QUIET = "\x00"  # a failure already reported elsewhere (the repartition's own error): only the drop is news
@@ -123,27 +124,14 @@ class Rollout:
         return WHOLE if spec is not None and spec.backend == "multinode" else profile
 
     def _split(self, actions: Sequence[Action]) -> list[list[Action]]:
+        """Chains as the contract links them (``protocols.action_groups``), with one Kubernetes twist:
+        actions are linked through a *node* only when this batch repartitions it -- elsewhere the
+        scheduler, not the planner's GPU, decides where a pod lands, so sharing a GPU links nothing."""
         repart_nodes = {node_of(a.gpu) for a in actions if a.kind is ActionKind.REPARTITION}
-        parent: dict[str, str] = {}
-
-        def find(x: str) -> str:
-            while parent.setdefault(x, x) != x:
-                parent[x] = parent[parent[x]]
-                x = parent[x]
-            return x
-
-        keys = []
-        for i, a in enumerate(actions):
-            k = [f"m:{a.model}"] if a.model else []
-            if node_of(a.gpu) in repart_nodes:
-                k.append(f"n:{node_of(a.gpu)}")
-            keys.append(k or [f"a:{i}"])
-        for k in keys:
-            for other in k[1:]:
-                parent[find(other)] = find(k[0])
-        chains: dict[str, list[Action]] = {}
-        for a, k in zip(actions, keys):
-            chains.setdefault(find(k[0]), []).append(a)
+        keyed = [replace(a, gpu=node_of(a.gpu) if node_of(a.gpu) in repart_nodes else None) for a in actions]
+        chains: dict[int, list[Action]] = {}
+        for a, g in zip(actions, action_groups(keyed, lambda _rid: None)):
+            chains.setdefault(g, []).append(a)
         return list(chains.values())
 
     def _steps(self, actions: list[Action], cluster: ClusterState) -> list[Step]:
