@@ -40,7 +40,8 @@ from autoscaler.act.kubernetes.events import EventRecorder
 from autoscaler.act.kubernetes.informer import wait_all_synced
 from autoscaler.act.kubernetes.inventory import KubeInventory, is_ready, unschedulable
 from autoscaler.act.kubernetes.leader import LeaseElector
-from autoscaler.act.kubernetes.render import WHOLE, RenderConfig
+from autoscaler.act.kubernetes.leader import micro_time as rfc3339
+from autoscaler.act.kubernetes.render import MODEL_LABEL, WHOLE, RenderConfig
 from autoscaler.act.kubernetes.repartition import Repartitioner
 from autoscaler.act.kubernetes.rollout import Rollout
 from autoscaler.act.kubernetes.workloads import Caches, Workloads, make_caches
@@ -204,12 +205,19 @@ class KubernetesBackend:
         """Per model, an ``AtTarget`` condition (HPA style) saying why it is short of the plan's target."""
         now = self.clock.now()
         waiting = self.rollout.waiting()
+        by_model: dict[str, list[Obj]] = {}
+        for p in self.caches.pods.items():
+            by_model.setdefault((p["metadata"].get("labels") or {}).get(MODEL_LABEL, ""), []).append(p)
+        wanted: dict[str, int] = {}
+        planned: dict[str, set[str]] = {}
+        for (m, p), n in (plan.desired.items() if plan else ()):
+            wanted[m] = wanted.get(m, 0) + n
+            planned.setdefault(m, set()).add(p)
         out: dict[str, dict[str, Any]] = {}
         for name, spec in sorted(self.models.items()):
-            profiles = {p for (m, p), _n in (plan.desired.items() if plan else ()) if m == name}
-            want = sum(n for (m, _p), n in plan.desired.items() if m == name) if plan else None
-            pods = [p for p in self.caches.pods.items()
-                    if (p["metadata"].get("labels") or {}).get("migscale.io/model") == name]
+            profiles = planned.get(name, set())
+            want = wanted.get(name, 0) if plan else None
+            pods = by_model.get(name, [])
             ready = sum(1 for p in pods if is_ready(p) and not p["metadata"].get("deletionTimestamp"))
             if spec.backend == "multinode":
                 ready = self.workloads.ready(name, WHOLE)
@@ -239,7 +247,7 @@ class KubernetesBackend:
             since = prev[2] if prev is not None and prev[:2] == (status, reason) else now
             self._transitions[name] = (status, reason, since)
             out[name] = {"type": "AtTarget", "status": status, "reason": reason, "message": msg,
-                         "lastTransitionTime": since, "ready": ready, "desired": want}
+                         "lastTransitionTime": rfc3339(since), "ready": ready, "desired": want}
         for gone in set(self._transitions) - set(self.models):
             del self._transitions[gone]
         return out
