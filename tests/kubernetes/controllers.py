@@ -19,7 +19,8 @@ name). Times are passed in, so a test can drive them with a VirtualClock or
   to a schedulable node (not cordoned, node affinity matched, enough free
   extended resources such as ``nvidia.com/mig-1g.10gb``; among those the
   fullest, as kube-scheduler's MostAllocated scoring bin-packs, ties to the
-  last name) or marks it ``PodScheduled=False/Unschedulable``; admits a bound pod only if the device
+  last name) or marks it ``PodScheduled=False/Unschedulable``; a pod with
+  scheduling gates waits (``SchedulingGated``) until they are removed; admits a bound pod only if the device
   plugin still has a free device (else ``Failed/UnexpectedAdmissionError``);
   a running pod is Ready ``ready_delay_s`` later; a deleted pod is removed
   ``stop_s`` later (its preStop sleep and shutdown, never past its grace).
@@ -276,7 +277,12 @@ class Kubelet:
                 continue
             if st.get("phase") in ("Succeeded", "Failed"):
                 continue
-            if not node:
+            if not node and spec.get("schedulingGates"):
+                cond = {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+                        "message": "Scheduling is blocked due to non-empty scheduling gates"}
+                if (p.get("status") or {}).get("conditions") != [cond]:
+                    set_status(self.fake, p, {"phase": "Pending", "conditions": [cond]}, "default-scheduler")
+            elif not node:
                 self._schedule(p, nodes, used)
             elif st.get("phase", "Pending") == "Pending":
                 self._admit(p, nodes.get(node), used, now)

@@ -167,7 +167,9 @@ def test_replicas_follow_load_swap_is_make_before_break_and_each_field_has_one_w
 
     specs = {s.name: s for s in model_specs(load_models(cfg[0]), load_cluster(cfg[1]))}
     rcfg = render_config(load_cluster(cfg[1]))
-    fake.create_obj(deployment(specs["rnn"], "7g.80gb", 1, rcfg), manager="migscale")
+    old = deployment(specs["rnn"], "7g.80gb", 1, rcfg)
+    old["spec"]["template"]["spec"].pop("schedulingGates")  # from before migscale placed pods itself
+    fake.create_obj(old, manager="migscale")
     fake.create_obj(pod_disruption_budget(specs["rnn"], "7g.80gb", rcfg), manager="migscale")
     cluster.wait(lambda: ready_pods(fake, "rnn"), 10, "the old rnn pod")
 

@@ -118,3 +118,25 @@ def test_creates_behind_a_repartition_wait_for_it(cluster, backends):
     wait_until(lambda: capacity(be) == 58, 10, "the new replica Ready on the new slice")
     node = fake.get("Node", "node-0", None)
     assert node["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] == "7"
+
+
+def test_new_pods_land_on_the_nodes_the_planner_chose(cluster, backends):
+    fake = cluster.fake
+    cluster.add_nodes(3, {"1g.10gb": 7})  # equal nodes: left alone, the scheduler would pick node-2
+    be = backends([MODEL])
+    caught_up(be, fake)
+    be.apply([act("create", "resnet", gpu="node-0/0"), act("create", "resnet", gpu="node-0/0"),
+              act("create", "resnet", gpu="node-1/0")])
+    wait_until(lambda: capacity(be) == 3 * 58, 10, "three Ready pods")
+    pods = fake.list("Pod")
+    assert sorted(p["spec"]["nodeName"] for p in pods) == ["node-0", "node-0", "node-1"]
+    terms = pods[0]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    keys = [e["key"] for e in terms[0]["matchExpressions"]]
+    assert keys == ["nvidia.com/gpu.product", "kubernetes.io/hostname"]  # the product rule kept, the node added
+    assert all("schedulingGates" not in p["spec"] for p in pods)
+    # a pod nobody placed (the ReplicaSet replacing a deleted one) is let go as it is
+    fake.remove_now(fake.key_of(pods[0]))
+    wait_until(lambda: capacity(be) == 3 * 58 and len(fake.list("Pod")) == 3, 10, "the replacement")
+    new = next(p for p in fake.list("Pod") if p["metadata"]["name"] not in {q["metadata"]["name"] for q in pods})
+    exprs = new["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"]
+    assert [e["key"] for e in exprs] == ["nvidia.com/gpu.product"]

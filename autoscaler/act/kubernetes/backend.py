@@ -92,6 +92,8 @@ class KubernetesBackend:
         self._last: ClusterState | None = None
         self._transitions: dict[str, tuple[str, str, float]] = {}  # model -> (status, reason, since)
         self.set_models(models)
+        # a new pod is placed the moment the watch shows it, not a tick later
+        self.caches.pods.handlers.append(self._on_pod)
         if start:
             self.start()
 
@@ -111,6 +113,10 @@ class KubernetesBackend:
     def set_models(self, models: Sequence[ModelSpec]) -> None:
         """The model set may change at run time (the model source is asked every tick)."""
         self.workloads.models = {m.name: m for m in models}
+
+    def _on_pod(self, kind: str, pod: Obj) -> None:
+        if kind == "ADDED" and self.leading() and (pod.get("spec") or {}).get("schedulingGates"):
+            self._late.extend(self.workloads.ungate())
 
     def leading(self) -> bool:
         return self.elector is None or self.elector.holds()
@@ -144,7 +150,8 @@ class KubernetesBackend:
         if not self.leading():
             return []
         self.recorder.new_tick()
-        errors = self.repartitioner.advance()
+        errors = self.workloads.ungate()
+        errors += self.repartitioner.advance()
         errors += self.rollout.advance()
         errors += self.workloads.sweep(self.rollout.workload_names())
         self._late.extend(errors)

@@ -42,6 +42,8 @@ MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 MIG_STATE_LABEL = "nvidia.com/mig.config.state"
 MULTUS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
 WHOLE = "whole"  # profile key of a multinode group in Plan.desired
+PLACEMENT_GATE = "migscale.io/placement"  # a Deployment pod's scheduling gate (workloads.py lifts it)
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 # GPU feature discovery writes the NVML name with spaces turned into dashes
 # ("NVIDIA A100-SXM4-80GB" -> "NVIDIA-A100-SXM4-80GB").
@@ -228,6 +230,9 @@ def deployment(spec: ModelSpec, profile: str, replicas: int, cfg: RenderConfig) 
         "terminationGracePeriodSeconds": cfg.termination_grace_s,
         "containers": [_triton_container(cfg, spec.name, {"limits": {resource: 1}})],
         "volumes": [{"name": "models", **dict(cfg.model_repository_volume)}],
+        # held back from the scheduler until migscale names the node the planner chose
+        # (it adds a hostname requirement and removes the gate: Pod Scheduling Readiness)
+        "schedulingGates": [{"name": PLACEMENT_GATE}],
     }
     return {
         "apiVersion": "apps/v1",

@@ -220,7 +220,13 @@ class Rollout:
             if missing:
                 return f"create {spec.name}: {missing}; carve it first (REPARTITION)"
             old = self.workloads.size(*key)
-            self.workloads.scale(spec, step.profile, old + step.n, step.reason.value)
+            nodes = [node_of(g) for g in step.gpus][: step.n] if step.profile != WHOLE else []
+            self.workloads.place(spec.name, step.profile, nodes)  # before the pods exist: the watch may be quick
+            try:
+                self.workloads.scale(spec, step.profile, old + step.n, step.reason.value)
+            except KubeError:
+                self.workloads.unplace(spec.name, step.profile, len(nodes))
+                raise
             chain.targets[key] = old + step.n
             return DONE
         if k is ActionKind.WAIT_READY:

@@ -18,7 +18,16 @@ Place in the loop: under the backend's rollout (``rollout.py``), which decides
 - ``prefer_removal`` sets ``controller.kubernetes.io/pod-deletion-cost`` on a
   pod the planner chose to drain, so the ReplicaSet removes that one on the
   next scale-down (the ReplicaSet ranks lower cost first among equally ready
-  pods).
+  pods);
+- ``ungate`` puts a new pod where the planner placed it: every Deployment pod
+  is created with the scheduling gate ``migscale.io/placement``
+  (Pod Scheduling Readiness: the scheduler leaves a gated pod alone); once it
+  exists, migscale adds ``kubernetes.io/hostname In [node]`` to its required
+  node affinity -- the one change the API server allows on a gated pod's
+  affinity -- and lifts the gate. A pod nobody placed (the ReplicaSet
+  replacing an evicted or crashed one) is let go as it is, and the scheduler
+  chooses. Without this the planner's packing and the scheduler's choice
+  would pull against each other tick after tick.
 
 Reads come from informers (``Caches``), so a steady tick sends nothing. A
 scale written a moment ago may not be in the cache yet; ``size`` uses the
@@ -27,6 +36,9 @@ value we wrote until the cache shows it (or 10 s have passed).
 
 from __future__ import annotations
 
+import copy
+import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,10 +47,12 @@ from autoscaler.act.kubernetes.client import KubeError, KubeRest, NotOwned, appl
 from autoscaler.act.kubernetes.informer import Informer
 from autoscaler.act.kubernetes.inventory import is_ready, pod_profile
 from autoscaler.act.kubernetes.render import (
+    HOSTNAME_LABEL,
     LWS_WORKER_INDEX,
     MANAGED_BY,
     MANAGER,
     MODEL_LABEL,
+    PLACEMENT_GATE,
     PROFILE_LABEL,
     WHOLE,
     RenderConfig,
@@ -58,6 +72,7 @@ LWS = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 LOWEST_COST = "-2147483648"  # int32 minimum: removed before any pod without the annotation
 WRITE_FRESH_S = 10.0
+PLACEMENT_TTL_S = 60.0  # a placement no pod claimed within a minute is stale (the ReplicaSet acts in seconds)
 
 
 @dataclass
@@ -116,6 +131,9 @@ class Workloads:
     _written: dict[str, tuple[int, float]] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)
     _monitor_done: bool = False
+    _placements: dict[str, deque[tuple[str, float]]] = field(default_factory=dict)  # workload -> (node, when)
+    _ungated: dict[str, float] = field(default_factory=dict)  # pod -> when its gate was lifted (cache lag)
+    _gate_lock: threading.Lock = field(default_factory=threading.Lock)  # the tick and the pod watch both ungate
 
     # ------------------------------------------------------------ reading
 
@@ -255,6 +273,54 @@ class Workloads:
             raise
         return True
 
+    def place(self, model: str, profile: str, nodes: list[str | None]) -> None:
+        """Where the next pods of a workload go (one node per pod, in creation order)."""
+        now = self.clock.now()
+        with self._gate_lock:
+            q = self._placements.setdefault(workload_name(model, profile), deque(maxlen=1000))
+            q.extend((n or "", now) for n in nodes)
+
+    def unplace(self, model: str, profile: str, n: int) -> None:
+        """Take back the last ``n`` placements (the scale write that would have made their pods failed)."""
+        with self._gate_lock:
+            q = self._placements.get(workload_name(model, profile))
+            for _ in range(min(n, len(q or ()))):
+                q.pop()  # type: ignore[union-attr]
+
+    def ungate(self) -> list[str]:
+        """Lift the placement gate of new pods, each with the node the planner chose for it if any."""
+        with self._gate_lock:
+            return self._ungate()
+
+    def _ungate(self) -> list[str]:
+        errors: list[str] = []
+        now = self.clock.now()
+        self._ungated = {k: t for k, t in self._ungated.items() if now - t < WRITE_FRESH_S}
+        nodes = {n["metadata"]["name"]: n for n in self.caches.nodes.items()}
+        gated = [p for p in self.caches.pods.items() if p["metadata"]["name"] not in self._ungated
+                 and not p["metadata"].get("deletionTimestamp")
+                 and any(g.get("name") == PLACEMENT_GATE for g in (p.get("spec") or {}).get("schedulingGates") or [])]
+        for pod in sorted(gated, key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"])):
+            lbls = pod["metadata"].get("labels") or {}
+            q = self._placements.get(workload_name(lbls.get(MODEL_LABEL, ""), pod_profile(pod)))
+            while q and now - q[0][1] > PLACEMENT_TTL_S:
+                q.popleft()  # a placement no pod came for (the size went down again meanwhile)
+            node = q.popleft()[0] if q else ""
+            if node and (node not in nodes or (nodes[node].get("spec") or {}).get("unschedulable")):
+                node = ""  # the chosen node is gone or cordoned: let the scheduler choose
+            spec = pod.get("spec") or {}
+            patch: Obj = {"spec": {"schedulingGates": [g for g in spec.get("schedulingGates") or []
+                                                       if g.get("name") != PLACEMENT_GATE] or None}}
+            if node:
+                patch["spec"]["affinity"] = with_hostname(spec.get("affinity") or {}, node)
+            try:
+                self.rest.merge_patch("v1", "Pod", self.cfg.namespace, pod["metadata"]["name"], patch)
+                self._ungated[pod["metadata"]["name"]] = now
+            except KubeError as exc:
+                if exc.status != 404:
+                    errors.append(f"ungate pod {pod['metadata']['name']}: {exc}")
+        return errors
+
     def sweep(self, busy: set[str]) -> list[str]:
         """Retire workloads: those of models no longer configured go to 0; those at 0 with no pod left are
         deleted (``busy``: names a rollout still uses)."""
@@ -301,6 +367,22 @@ class Workloads:
             except KubeError as exc:
                 errors.append(f"{obj['metadata']['name']}: {exc}")
         return errors
+
+
+def with_hostname(affinity: Obj, node: str) -> Obj:
+    """The pod's affinity with ``kubernetes.io/hostname In [node]`` added to every required term.
+
+    Terms are ORed and expressions within a term ANDed, so the requirement goes
+    into each term (or one new term): the pod keeps every constraint it had and
+    gains only the node.
+    """
+    out = copy.deepcopy(affinity)
+    req = out.setdefault("nodeAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = req.setdefault("nodeSelectorTerms", []) or [{}]
+    for t in terms:
+        t.setdefault("matchExpressions", []).append({"key": HOSTNAME_LABEL, "operator": "In", "values": [node]})
+    req["nodeSelectorTerms"] = terms
+    return out
 
 
 def owner_ref(live: Obj) -> Obj:
