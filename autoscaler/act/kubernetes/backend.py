@@ -116,7 +116,7 @@ class KubernetesBackend:
 
     def _on_pod(self, kind: str, pod: Obj) -> None:
         if kind == "ADDED" and self.leading() and (pod.get("spec") or {}).get("schedulingGates"):
-            self._late.extend(self.workloads.ungate())
+            self._late.extend(self.workloads.ungate([pod]))
 
     def leading(self) -> bool:
         return self.elector is None or self.elector.holds()

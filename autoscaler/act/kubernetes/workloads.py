@@ -25,8 +25,8 @@ Place in the loop: under the backend's rollout (``rollout.py``), which decides
   exists, migscale adds ``kubernetes.io/hostname In [node]`` to its required
   node affinity -- the one change the API server allows on a gated pod's
   affinity -- and lifts the gate. A pod nobody placed (the ReplicaSet
-  replacing an evicted or crashed one) is let go as it is, and the scheduler
-  chooses. Without this the planner's packing and the scheduler's choice
+  replacing an evicted or crashed one), or whose node has no free instance of
+  its profile by now, is let go as it is, and the scheduler chooses. Without this the planner's packing and the scheduler's choice
   would pull against each other tick after tick.
 
 Reads come from informers (``Caches``), so a steady tick sends nothing. A
@@ -134,6 +134,7 @@ class Workloads:
     _placements: dict[str, deque[tuple[str, float]]] = field(default_factory=dict)  # workload -> (node, when)
     _ungated: dict[str, float] = field(default_factory=dict)  # pod -> when its gate was lifted (cache lag)
     _gate_lock: threading.Lock = field(default_factory=threading.Lock)  # the tick and the pod watch both ungate
+    _pinned: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # pod -> (node, profile, when)
 
     # ------------------------------------------------------------ reading
 
@@ -287,27 +288,46 @@ class Workloads:
             for _ in range(min(n, len(q or ()))):
                 q.pop()  # type: ignore[union-attr]
 
-    def ungate(self) -> list[str]:
-        """Lift the placement gate of new pods, each with the node the planner chose for it if any."""
+    def ungate(self, pods: list[Obj] | None = None) -> list[str]:
+        """Lift the placement gate of new pods (``pods``, or every gated one in the cache), each with the
+        node the planner chose for it if any."""
         with self._gate_lock:
-            return self._ungate()
+            return self._ungate(self.caches.pods.items() if pods is None else pods)
 
-    def _ungate(self) -> list[str]:
+    def _ungate(self, candidates: list[Obj]) -> list[str]:
         errors: list[str] = []
         now = self.clock.now()
         self._ungated = {k: t for k, t in self._ungated.items() if now - t < WRITE_FRESH_S}
-        nodes = {n["metadata"]["name"]: n for n in self.caches.nodes.items()}
-        gated = [p for p in self.caches.pods.items() if p["metadata"]["name"] not in self._ungated
+        gated = [p for p in candidates if p["metadata"]["name"] not in self._ungated
                  and not p["metadata"].get("deletionTimestamp")
                  and any(g.get("name") == PLACEMENT_GATE for g in (p.get("spec") or {}).get("schedulingGates") or [])]
+        if not gated:
+            return errors
+        # instances of each profile taken on each node: bound pods, and pods pinned there not yet bound
+        taken: dict[tuple[str, str], int] = {}
+        pinned_now = {name for name, (_n, _p, t) in self._pinned.items() if now - t < WRITE_FRESH_S}
+        for p in self.caches.pods.items():
+            node = (p.get("spec") or {}).get("nodeName")
+            if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            if node:
+                taken[(node, pod_profile(p))] = taken.get((node, pod_profile(p)), 0) + 1
+            elif p["metadata"]["name"] in pinned_now:
+                n, prof, _t = self._pinned[p["metadata"]["name"]]
+                taken[(n, prof)] = taken.get((n, prof), 0) + 1
+        self._pinned = {k: v for k, v in self._pinned.items() if k in pinned_now}
         for pod in sorted(gated, key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"])):
             lbls = pod["metadata"].get("labels") or {}
             q = self._placements.get(workload_name(lbls.get(MODEL_LABEL, ""), pod_profile(pod)))
             while q and now - q[0][1] > PLACEMENT_TTL_S:
                 q.popleft()  # a placement no pod came for (the size went down again meanwhile)
             node = q.popleft()[0] if q else ""
-            if node and (node not in nodes or (nodes[node].get("spec") or {}).get("unschedulable")):
-                node = ""  # the chosen node is gone or cordoned: let the scheduler choose
+            live = self.caches.nodes.get(node) if node else None
+            profile = pod_profile(pod)
+            alloc = int(((live or {}).get("status") or {}).get("allocatable", {}).get(f"nvidia.com/mig-{profile}", 0) or 0)
+            if node and (live is None or (live.get("spec") or {}).get("unschedulable")
+                         or alloc - taken.get((node, profile), 0) < 1):
+                node = ""  # gone, cordoned, or no free instance there any more: let the scheduler choose
             spec = pod.get("spec") or {}
             patch: Obj = {"spec": {"schedulingGates": [g for g in spec.get("schedulingGates") or []
                                                        if g.get("name") != PLACEMENT_GATE] or None}}
@@ -316,6 +336,9 @@ class Workloads:
             try:
                 self.rest.merge_patch("v1", "Pod", self.cfg.namespace, pod["metadata"]["name"], patch)
                 self._ungated[pod["metadata"]["name"]] = now
+                if node:
+                    self._pinned[pod["metadata"]["name"]] = (node, profile, now)
+                    taken[(node, profile)] = taken.get((node, profile), 0) + 1
             except KubeError as exc:
                 if exc.status != 404:
                     errors.append(f"ungate pod {pod['metadata']['name']}: {exc}")
