@@ -253,7 +253,10 @@ class Rollout:
             if step.profile != WHOLE:  # a replica already gone (or going) is done: removing another would not be
                 live = {p["metadata"]["name"] for p in self.workloads.pods_of(*key)
                         if not p["metadata"].get("deletionTimestamp")}
-                n = min(n, sum(1 for r in step.replicas if r in live))
+                named = sum(1 for r in step.replicas if r in live)
+                # pods beyond spec.replicas (a rolling update's surge) go without a scale-down: keep
+                # what the plan keeps, live pods minus the named ones
+                n = min(n, named, max(0, self.workloads.size(*key) - (len(live) - named)))
             if n <= 0:
                 return DONE  # nothing left to remove (an earlier step or a failover already did)
             allowed = self.workloads.disruptions_allowed(*key)
