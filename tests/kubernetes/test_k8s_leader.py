@@ -62,15 +62,15 @@ def test_a_leader_that_cannot_renew_stops_writing_before_anyone_else_may_start(f
 
 
 def test_the_renew_thread_keeps_the_lease_through_a_long_tick(fake, connect):
-    a = elector(connect, "a", WallClock(), lease_duration_s=2, renew_deadline_s=1.5, retry_period_s=0.2)
-    b = elector(connect, "b", WallClock(), lease_duration_s=2, renew_deadline_s=1.5, retry_period_s=0.2)
+    a = elector(connect, "a", WallClock(), lease_duration_s=3, renew_deadline_s=2.5, retry_period_s=0.2)
+    b = elector(connect, "b", WallClock(), lease_duration_s=3, renew_deadline_s=2.5, retry_period_s=0.2)
     a.start()
     try:
         deadline = time.monotonic() + 5
         while not a.holds() and time.monotonic() < deadline:
             time.sleep(0.02)
         assert a.holds()
-        time.sleep(3)  # a tick three times longer than the lease, with no call from the tick
+        time.sleep(4)  # a tick longer than the lease, with no call from the tick
         assert a.holds() and not b.step().leader
     finally:
         a.stop()
