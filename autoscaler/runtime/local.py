@@ -132,7 +132,7 @@ class LocalController:
             self.specs,
             status=status,
             slo_p99_ms=self.slo_p99_ms,
-            t_s=time.time(),
+            t_s=self.clock.now(),
             tick_duration_s=self._tick_s,
             plan_duration_s=self.loop.last_decide_s if self.loop else None,
         )
