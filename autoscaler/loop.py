@@ -15,8 +15,7 @@ ticks; this module is one tick. Three rules keep it safe:
   its 12 ticks of 15 s; the other models keep scaling. An actuator whose
   ``in_flight()`` answers None gets the global gate instead: while it is
   ``converging()`` the tick only observes (windows stay current, nothing is
-  issued). That fallback stays until the Kubernetes backend answers
-  ``in_flight()``;
+  issued);
 - a metrics outage is not an error: the observation is marked
   ``source_ok=False`` and ``decide`` holds every model (no scale-downs);
 - any exception inside a tick is caught and reported in the ``TickResult``;

@@ -116,8 +116,8 @@ A replica that is merely STARTING is not in flight, and neither is a queued
 WAIT_READY on it: it is capacity on its way, which the snapshot shows and the
 policy counts. The actions queued behind a WAIT_READY (the DRAIN and DELETE
 of the replica it replaces) are. ``None`` means "cannot tell right now": the
-loop then falls back to the global ``converging()`` gate -- a fallback kept
-only until the Kubernetes backend answers ``in_flight()``.
+loop then falls back to the global ``converging()`` gate (every backend here
+answers; the fallback is for one that cannot).
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ class Actuator(Protocol):
 
     def converging(self) -> bool:
         """True while anything is still in flight. Asked only when ``in_flight()`` answers None
-        (the global gate kept for the Kubernetes backend until it answers ``in_flight``)."""
+        (the global gate, for an actuator that cannot tell per GPU and model)."""
         ...
 
 

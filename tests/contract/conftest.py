@@ -13,9 +13,12 @@ and offers:
 - ``fail_starts(key)``: replicas of that model (or id) fail to start from now on.
 
 Adding a backend is one function here and one entry in ``HARNESSES``. The
-Kubernetes backend is not in it yet: it does not queue WAIT_READY chains or
-answer ``in_flight`` (its rewrite on the ``kubernetes`` branch adds them and
-its harness on ``tests/kubernetes/fakeapi.py``).
+Kubernetes backend is not in it: these tests name replicas by the planner's
+ids and instances by their start slot, which Kubernetes does not have (the
+ReplicaSet names the pods; the scheduler and the device plugin pick node and
+instance). It queues WAIT_READY chains and answers ``in_flight`` and
+``take_errors``; ``tests/kubernetes/test_k8s_contract.py`` checks the same
+behaviours at workload level on the emulated cluster.
 """
 
 from __future__ import annotations
