@@ -1,10 +1,11 @@
 """The one run loop: ticks a ``ControlLoop`` (or any tickable) on an injected clock.
 
 Place in the loop: the outermost piece, in the loop's layer so that the simulator
-(below ``runtime/``) can use it too. The local controller, the Kubernetes
-controller and the simulator each build a ``ControlLoop`` (or, for the
-simulator's baselines, anything with ``tick()``) and hand it to a ``Driver``;
-none of them schedules ticks itself. The driver owns four things:
+(below ``runtime/``) can use it too. The local controller, the standalone
+metrics API and the simulator each build a ``ControlLoop`` (or, for the
+simulator's baselines and the API's publisher, anything with ``tick()``) and
+hand it to a ``Driver``; none of them schedules ticks itself (the Kubernetes
+controller adopts it next). The driver owns four things:
 
 - **cadence and back-off**: after each tick it waits ``result.next_delay_s``
   (the loop's own exponential back-off after failed ticks). A tick that
@@ -13,8 +14,8 @@ none of them schedules ticks itself. The driver owns four things:
   off the same way (``tick_s * 2**k``, at most ``max_backoff_s``);
 - **hooks**: ``before_tick`` (the Kubernetes lease check points the gate),
   ``after_tick`` (publish to the metrics API) and ``idle``, called every
-  ``slice_s`` while waiting (supervision, status files, a simulated world
-  advancing one step). A hook that raises is logged and counted, never fatal;
+  ``slice_s`` while waiting (the local controller's 1 s status refresh). A
+  hook that raises is logged and counted, never fatal;
 - **stopping**: ``run(stop)`` returns within one slice of ``stop`` being set
   (a ``threading.Event`` or a predicate, e.g. "the trace has ended");
 - **health**: ``health()`` says whether the picture the loop publishes is
@@ -24,7 +25,8 @@ none of them schedules ticks itself. The driver owns four things:
   it, so a frozen picture is never served as if it were live.
 
 All time comes from the clock: on a ``VirtualClock`` a ten-minute run is a
-loop of jumps, which is how the simulator and the tests use it.
+loop of jumps, which is how the tests use it; the simulator's clock
+(``sim.run.SimTime``) integrates the simulated world in its ``sleep``.
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ class Driver:
         self._hook("before_tick")
         try:
             result = self.loop.tick()
-        except Exception as exc:  # noqa: BLE001 - a bug must not stop the controller; log, count, back off
+        except Exception as exc:
             log.exception("tick raised")
             with self._lock:
                 self.ticks += 1
@@ -145,7 +147,7 @@ class Driver:
             return
         try:
             fn(*args)
-        except Exception as exc:  # noqa: BLE001 - a broken observer must not stop the loop
+        except Exception as exc:
             log.exception("%s hook raised", name)
             with self._lock:
                 self.hook_errors += 1

@@ -4,7 +4,7 @@
 fallback), ``min_replicas`` of each MIG model, and supervises until Ctrl-C or
 SIGTERM; then it stops everything it started, in order. ``run_controller``
 is that main body, one function, so the control loop and the metrics API can
-be wired into it (``on_tick``). ``down`` stops a running controller (and any
+be wired into it (a ``LocalController``). ``down`` stops a running controller (and any
 orphan it left) by recorded PID; ``status`` reads the ``status.json`` the
 running controller rewrites every second.
 """
@@ -117,7 +117,7 @@ def register(app: typer.Typer) -> None:
             if control:
                 api = ctl.start_api()
                 _say(f"web view:    {api.url}/ui")
-            run_controller(lc, models_cfg, cluster_cfg, stop, ctl.on_tick if control else None, say=_say)
+            run_controller(lc, models_cfg, cluster_cfg, stop, ctl if control else None, say=_say)
         except Exception as e:
             _say(f"error: {type(e).__name__}: {e}")
             raise typer.Exit(1)

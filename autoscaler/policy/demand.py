@@ -6,12 +6,12 @@ capacity (req/s) a model needs, before the HPA stages and the planner.
 - Demand history is kept per model as ``(t_s, rps)`` samples; the *short*
   window (default 10 s) reacts to bursts, the *long* window (60 s) is the
   stable estimate -- Knative's panic/stable windows.
-- Panic mode (Knative KPA, FACTS.md §7): enter when short-window demand is at
+- Panic mode (Knative KPA, docs/autoscalers.md): enter when short-window demand is at
   least ``panic_threshold`` (2.0) times current capacity; while panicking
   nothing scales down; leave once the condition has not held for a whole
   stable window. What is asked for comes from the predictive floor and the
   burst layer (``forecast.py``, ``burst.py``), not from these windows.
-- ``required_capacity`` = demand x correction x (1 + headroom): with 100 req/s,
+- Required capacity = demand x correction x (1 + headroom). With 100 req/s,
   correction 1.0 and headroom 0.2 the planner is asked for 120 req/s.
 - The correction factor is learned online: when observed p99 exceeds the SLO
   the capacity table was optimistic, so demand is inflated; when the model is
