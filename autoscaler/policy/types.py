@@ -39,6 +39,7 @@ class Reason(str, Enum):
     REPARTITION = "repartition"  # the profile mix of a GPU must change
     CHURN_BUDGET = "churn_budget"  # change deferred to a later tick
     SHORTFALL = "shortfall"  # the cluster cannot meet demand
+    FLEET_SHARE_MIN = "fleet_share_min"  # full fleet: held at the one replica no model goes without
     REPLACE_FAILED = "replace_failed"  # a crashed replica is replaced
     KEEP = "keep"
 

@@ -39,7 +39,9 @@ How (a fast heuristic; ``milp.py`` holds the exact reference):
 5. actions (``planner_actions``): churn budget (within a priority, the
    creates that need no repartition first), dependency order, layouts.
 
-Shortfall priority rule (when the cluster cannot hold everything): higher
+Shortfall priority rule (when the cluster cannot hold everything): first
+one replica for every model with demand that would otherwise hold none, so
+no priority starves another to zero (``Reason.FLEET_SHARE_MIN``); then higher
 ``ModelSpec.priority`` first; within one priority, every model's floor
 (min_replicas, 2 for high availability) before anyone's extra capacity; the
 extra capacity is then handed out in proportion to demand (replica by
