@@ -60,9 +60,9 @@ TARGET_ATTAINMENT = 0.99
 # learned headroom; the HPA baselines' defaults are the reference values
 # (NVIDIA's queue:compute ratio 1, the common 70% utilisation target).
 KNOBS: dict[str, tuple[str, tuple[float, ...], float]] = {
-    "migscale": ("headroom_quantile", (0.9, 0.95, 0.98, 0.99), 0.95),
-    "hpa-util": ("target", (0.5, 0.6, 0.7, 0.8), 0.7),
-    "hpa-queue": ("target", (0.25, 0.5, 1.0, 2.0), 1.0),
+    "migscale": ("headroom_quantile", (0.9, 0.95, 0.99), 0.95),
+    "hpa-util": ("target", (0.5, 0.7, 0.85), 0.7),
+    "hpa-queue": ("target", (0.5, 1.0, 2.0), 1.0),
 }
 POLICIES = ("migscale", "hpa-queue", "hpa-util", "static-peak")
 
@@ -222,7 +222,7 @@ def _r(x: float | None, nd: int = 6) -> float | None:
 
 
 def plot(front: dict[str, list[dict[str, Any]]], oracle: dict[str, Any], curve: list[tuple[float, float]],
-         path: Path, title: str) -> None:
+         path: Path, title: str, seeds_label: str = "held-out seeds") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -242,7 +242,7 @@ def plot(front: dict[str, list[dict[str, Any]]], oracle: dict[str, Any], curve: 
                 label="reactive bound, 45 s lag (hindsight headroom)")
     if oracle.get("gpu_hours"):
         ax.plot([oracle["gpu_hours"]], [100 * oracle["attainment"]], "b*", ms=12, label="oracle (capped at 16 GPUs)")
-    ax.set_xlabel("GPU-hours per 24 h trace (mean over held-out seeds)")
+    ax.set_xlabel(f"GPU-hours per trace (mean over {seeds_label})")
     ax.set_ylabel("SLO attainment, % of requests (mean)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
@@ -385,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         summ = out["heldout"] if held else out["dev"]
         plot(front_held if held else front_dev, summ.get("overall", {}).get("oracle", {}), curve, Path(args.plot),
-             f"{len(families)} families x seeds {list(half)}, 12 models, 16 x A100-80GB, {args.hours:g} h")
+             f"{len(families)} families x seeds {list(half)}, 12 models, 16 x A100-80GB, {args.hours:g} h",
+             "held-out seeds" if held else "development seeds")
     text = json.dumps(out)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
