@@ -16,6 +16,12 @@ with a different mix of profiles.
 Missing data: a model without a request rate holds its current capacity
 (never scales down on a partial picture) but may still grow toward its last
 known recommendation, within the behavior limits.
+
+Size: ~700 lines, over the house limit of ~450, because the per-model step
+(windows, floor and burst, HPA stages, diagnostics) and the planner memo share
+one ``PolicyState`` and are read top to bottom as one tick; the forecaster
+(``forecast.py``), the burst layer (``burst.py``), the HPA arithmetic
+(``hpa.py``) and the planner (``planner/``) already live apart.
 """
 
 from __future__ import annotations

@@ -28,6 +28,24 @@ gives the same trace, byte for byte.
   left out: the benchmark sets each model's mean itself.
 - ``mixed``: models take the kinds above in turn (diurnal, bursty, flash, azure),
   each with its own mean; the benchmark's trace.
+
+Families (``benchmarks/generalization.py``; each model keeps its mean):
+
+- ``heavytail``: heavy-tailed (Student-t AR(1)) noise at 10 s on a diurnal base;
+- ``flashcrowd``: flash crowds at 3-10x the base, 5 min to 2 h, on one model
+  or several at once;
+- ``onoff``: models that go silent for hours and come back;
+- ``steps``: step changes of the base rate, x0.3 to x3;
+- ``weekly``: diurnal plus a weekday/weekend pattern (per-minute counts);
+- ``mixed``: the kinds above, as the benchmark's trace.
+
+No public production trace is shipped: none is in an installed package, and
+this project does not download data (docs/traces.md cites the published
+statistics the generators follow).
+
+Size: ~600 lines, over the house limit of ~450: the CSV format and every
+generator are one reference for "what arrives", and the families share the
+kinds' helpers (diurnal factor, Poisson counts, Gamma noise).
 """
 
 from __future__ import annotations
