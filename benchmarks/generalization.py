@@ -277,7 +277,7 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--families", default=",".join(["heavytail", "flashcrowd", "onoff", "steps", "weekly", "mixed"]))
+    ap.add_argument("--families", default="heavytail,flashcrowd,onoff,steps,weekly,mixed")
     ap.add_argument("--seeds", default="1-10")
     ap.add_argument("--hours", type=float, default=24.0)
     ap.add_argument("--policies", default=",".join(POLICIES))
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             if r["policy"] != "oracle":
                 btargets.setdefault((r["family"], r["seed"]), []).append(round(r["attainment"], 6))
         bjobs = [(f, s, args.hours, sorted(set(ts + list(BOUND_CURVE)))) for (f, s), ts in btargets.items()]
-        bounds = {(b["family"], b["seed"]): dict((t, h) for t, h in b["targets"])
+        bounds = {(b["family"], b["seed"]): {t: h for t, h in b["targets"]}
                   for b in pool.map(bound_job, bjobs)}
     for r in runs:
         if r["policy"] != "oracle":
