@@ -86,9 +86,10 @@ def _world(family: str, seed: int, hours: float):
     return models, cluster, trace
 
 
-def run_one(job: tuple[str, int, float, str, float | None]) -> dict[str, Any]:
-    """One (family, seed, policy, knob) simulation; a compact, JSON-ready record."""
-    family, seed, hours, policy, knob = job
+def run_one(job: tuple) -> dict[str, Any]:
+    """One (family, seed, hours, policy, knob[, max_spares]) simulation; a compact, JSON-ready record."""
+    family, seed, hours, policy, knob = job[:5]
+    max_spares = job[5] if len(job) > 5 else None
     from autoscaler.sim.cluster import SimConfig
     from autoscaler.sim.run import simulate
 
@@ -96,11 +97,15 @@ def run_one(job: tuple[str, int, float, str, float | None]) -> dict[str, Any]:
     kw: dict[str, Any] = {}
     if policy == "migscale" and knob is not None:
         kw["policy_overrides"] = {KNOBS["migscale"][0]: knob}
+    if policy == "migscale" and max_spares is not None:
+        from autoscaler.policy.spares import SpareConfig
+
+        kw.setdefault("policy_overrides", {})["spares"] = SpareConfig(max_spares=max_spares)
     elif policy in ("hpa-util", "hpa-queue") and knob is not None:
         kw["baseline_target"] = knob
     t0, c0 = time.perf_counter(), time.process_time()
     r = simulate(models, cluster, trace, policy, STEP_S, sim=SimConfig(step_s=STEP_S), **kw)
-    out = {"family": family, "seed": seed, "hours": hours, "policy": policy, "knob": knob,
+    out = {"family": family, "seed": seed, "hours": hours, "policy": policy, "knob": knob, "max_spares": max_spares,
            "attainment": r.slo_attainment, "gpu_hours": r.gpu_hours, "slice_hours": r.slice_hours,
            "per_model": r.per_model, "errors": len(r.errors), "wall_s": round(time.perf_counter() - t0, 2),
            # CPU seconds of this process: the speed figure on a machine shared by others
@@ -283,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--no-frontier", action="store_true", help="each policy at its default knob only")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--max-spares", type=int, default=None,
+                    help="migscale's bound on warm spare slices (default: the policy's own)")
     ap.add_argument("--cache", default=None, help="JSONL of finished runs, reused when the code is the same")
     ap.add_argument("--out", default=str(RESULTS / "generalization.json"))
     ap.add_argument("--plot", default=str(RESULTS / "generalization.png"))
@@ -301,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
                 if pol in KNOBS:
                     _, values, default = KNOBS[pol]
                     for v in ((default,) if args.no_frontier else values):
-                        jobs.append((fam, seed, args.hours, pol, v))
+                        jobs.append((fam, seed, args.hours, pol, v,
+                                     args.max_spares if pol == "migscale" else None))
                 else:
                     jobs.append((fam, seed, args.hours, pol, None))
     cache: dict[str, dict[str, Any]] = {}
@@ -366,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         "setup": {"families": families, "seeds": list(seeds), "dev_seeds": list(dev), "heldout_seeds": list(held),
                   "hours": args.hours, "models": 12, "gpus": 16, "product": "A100-SXM4-80GB", "step_s": STEP_S,
                   "reactive_bound": {"lag_s": BOUND_LAG_S, "window_s": BOUND_WINDOW_S},
-                  "code": finger, "workers": args.workers},
+                  "code": finger, "workers": args.workers, "max_spares": args.max_spares},
         "defaults": defaults,
         "heldout": summarise(runs, held, families, pick) if held else {},
         "dev": summarise(runs, dev, families, pick) if dev else {},

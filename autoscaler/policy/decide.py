@@ -35,6 +35,7 @@ from autoscaler.policy import burst as bu
 from autoscaler.policy import demand as dm
 from autoscaler.policy import forecast as fc
 from autoscaler.policy import hpa
+from autoscaler.policy import spares as sp
 from autoscaler.policy.planner.multinode import group_of
 from autoscaler.policy.types import ClusterState, ModelSpec, Observation, Plan, Reason, ReplicaState
 
@@ -84,6 +85,8 @@ class PolicyConfig:
     # FAST_PATH_MIN_REPARTITION_S the planner's scale-up fast path covers a
     # shortfall with instances that exist now before cutting efficient ones.
     repartition_s: float = 180.0
+    # Warm spare slices (``spares.py``): learned, bounded; only where the fast path is on.
+    spares: sp.SpareConfig = field(default_factory=sp.SpareConfig)
 
     @property
     def metrics_window_hint_s(self) -> float:
@@ -175,6 +178,7 @@ class PolicyState:
     # give an equal plan, so an unchanged tick reuses it (see ``decide``)
     planner_memo: tuple | None = field(default=None, repr=False, compare=False)
     diagnostics: Mapping[str, ModelDiagnostics] = field(default_factory=dict)
+    spares: sp.SpareState = field(default_factory=sp.SpareState)
     t_s: float | None = None
 
 
@@ -624,9 +628,14 @@ def decide(
         )
 
     fast_path = config.repartition_s >= FAST_PATH_MIN_REPARTITION_S
-    key = (tuple(sorted(target_rps.items())), observation.cluster, config.churn_budget, fast_path)
+    # Warm spares pay only where a new slice costs a repartition (the fast path's worlds).
+    spare_horizon = config.repartition_s + config.replica_start_s
+    spares = sp.wanted(state.spares, now_s, spare_horizon, config.spares) if fast_path else {}
+    key = (tuple(sorted(target_rps.items())), observation.cluster, config.churn_budget, fast_path,
+           tuple(sorted(spares.items())))
     memo = state.planner_memo if state.planner_memo is not None and state.planner_memo[2] is planner else None
     why = _replan(memo, key, target_rps, caps, bool(moving), now_s)
+    spare_state = state.spares
     if why == "same":
         plan = dataclasses.replace(memo[1], t_s=now_s)
     elif why == "hold":
@@ -634,9 +643,10 @@ def decide(
     else:
         plan = plan_fn(
             config.models, target_rps, observation.cluster, churn_budget=config.churn_budget, now_s=now_s,
-            fast_path=fast_path,
+            fast_path=fast_path, **({"spares": spares} if spares else {}),
         )
         memo = (key, plan, planner, now_s)
+        spare_state = sp.record(spare_state, now_s, sp.cold_creates(plan.actions), config.spares)
     plan = dataclasses.replace(plan, reasons=_merge_reasons(reasons, plan.reasons), target_rps=target_rps)
     new_state = PolicyState(
         forecast=fcs,
@@ -651,6 +661,7 @@ def decide(
         last_plan=plan,
         planner_memo=memo,
         diagnostics=diags,
+        spares=spare_state,
         t_s=now_s,
     )
     return plan, new_state
@@ -680,8 +691,8 @@ def _replan(memo: tuple | None, key: tuple, target_rps: Mapping[str, float], cap
         return "plan"
     if memo[0] == key:
         return "same"
-    (_, cluster0, churn0, fast0), _plan0, _, t0 = memo
-    _, cluster, churn, fast = key
+    (_, cluster0, churn0, fast0, _spares0), _plan0, _, t0 = memo
+    _, cluster, churn, fast, _spares = key
     if now_s - t0 >= PLAN_EVERY_S or (churn, fast) != (churn0, fast0):
         return "plan"
     if tuple(g.id for g in cluster.gpus) != tuple(g.id for g in cluster0.gpus):

@@ -202,7 +202,7 @@ def quantile(sorted_values: tuple[float, ...] | list[float], q: float) -> float:
     if n == 0:
         raise ValueError("quantile of no values")
     pos = min(max(q, 0.0), 1.0) * (n - 1)
-    i = int(math.floor(pos))
+    i = math.floor(pos)
     j = min(i + 1, n - 1)
     return sorted_values[i] + (sorted_values[j] - sorted_values[i]) * (pos - i)
 

@@ -41,6 +41,7 @@ class Reason(str, Enum):
     SHORTFALL = "shortfall"  # the cluster cannot meet demand
     FLEET_SHARE_MIN = "fleet_share_min"  # full fleet: held at the one replica no model goes without
     REPLACE_FAILED = "replace_failed"  # a crashed replica is replaced
+    WARM_SPARE = "warm_spare"  # an empty instance carved ahead of the next scale-up
     KEEP = "keep"
 
 
