@@ -288,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--no-frontier", action="store_true", help="each policy at its default knob only")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--chosen-from", default=None,
+                    help="the development run's JSON: its defaults and frontier are copied into this output")
     ap.add_argument("--max-spares", type=int, default=None,
                     help="migscale's bound on warm spare slices (default: the policy's own)")
     ap.add_argument("--cache", default=None, help="JSONL of finished runs, reused when the code is the same")
@@ -376,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
                   "reactive_bound": {"lag_s": BOUND_LAG_S, "window_s": BOUND_WINDOW_S},
                   "code": finger, "workers": args.workers, "max_spares": args.max_spares},
         "defaults": defaults,
+        "development_run": _dev_summary(args.chosen_from),
         "heldout": summarise(runs, held, families, pick) if held else {},
         "dev": summarise(runs, dev, families, pick) if dev else {},
         "frontier": {"heldout": front_held, "dev": front_dev},
@@ -403,6 +406,15 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(text + "\n")
     print(text)
     return 0
+
+
+def _dev_summary(path: str | None) -> dict[str, Any] | None:
+    """What the development run chose, and on what (so the held-out JSON stands alone)."""
+    if not path:
+        return None
+    dev = json.loads(Path(path).read_text())
+    return {"file": Path(path).name, "setup": dev.get("setup"), "defaults": dev.get("defaults"),
+            "frontier_dev": dev.get("frontier", {}).get("dev"), "dev": dev.get("dev")}
 
 
 def targets(summ: dict[str, Any], families: list[str], runs: list[dict[str, Any]], seeds: tuple[int, ...]
