@@ -290,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--chosen-from", default=None,
                     help="the development run's JSON: its defaults and frontier are copied into this output")
+    ap.add_argument("--migscale-knob", type=float, default=None,
+                    help="migscale's default quantile for this run (the development run's pick)")
     ap.add_argument("--max-spares", type=int, default=None,
                     help="migscale's bound on warm spare slices (default: the policy's own)")
     ap.add_argument("--cache", default=None, help="JSONL of finished runs, reused when the code is the same")
@@ -297,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", default=str(RESULTS / "generalization.png"))
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
+    if args.migscale_knob is not None:
+        name, values, _ = KNOBS["migscale"]
+        KNOBS["migscale"] = (name, tuple(sorted({*values, args.migscale_knob})), args.migscale_knob)
     families = [f for f in args.families.split(",") if f]
     seeds = _seeds(args.seeds)
     pols = [p for p in args.policies.split(",") if p]
