@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from autoscaler.fakes import RecordingActuator, single_gpu_cluster, stub_planner
 from autoscaler.config import policy_config
+from autoscaler.fakes import RecordingActuator, single_gpu_cluster, stub_planner
 from autoscaler.policy.decide import PolicyConfig, PolicyState, decide, observe_only
 from autoscaler.policy.hpa import DEFAULT_SCALE_UP, ScalingRules, SelectPolicy
 from autoscaler.policy.types import (

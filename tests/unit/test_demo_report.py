@@ -84,7 +84,7 @@ def test_demo_script_rises_and_falls():
 def test_first_ready_after_rise_counts_ready_replicas_beyond_those_at_the_rise():
     from autoscaler.runtime.demo_report import first_ready_after_rise
 
-    s = [Sample(t, replicas={"a": {"1g.10gb": 1, "3g.40gb": 1}}) for t in range(0, 28)]
+    s = [Sample(t, replicas={"a": {"1g.10gb": 1, "3g.40gb": 1}}) for t in range(28)]
     s += [Sample(t, replicas={"a": {"1g.10gb": 2, "3g.40gb": 1}}) for t in range(28, 40)]
     assert first_ready_after_rise(s, "a", 20.0) == 8.0
     assert first_ready_after_rise(s[:28], "a", 20.0) is None  # nothing new became ready

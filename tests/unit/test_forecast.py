@@ -13,7 +13,8 @@ from autoscaler.policy import forecast as fc
 DAY = 86400.0
 
 
-def feed(ts, ys, cfg=fc.ForecastConfig()):
+def feed(ts, ys, cfg=None):
+    cfg = cfg or fc.ForecastConfig()
     f = fc.Forecast()
     for t, y in zip(ts, ys):
         f = fc.update(f, float(t), float(y), cfg)
@@ -81,8 +82,9 @@ def test_forecast_before_any_sample_is_none():
 # ------------------------------------------------------------------ headroom
 
 
-def run_headroom(maxima, horizon=60.0, forecast=100.0, cfg=fc.HeadroomConfig()):
+def run_headroom(maxima, horizon=60.0, forecast=100.0, cfg=None):
     """One sample per minute; within each horizon the highest rate is ``forecast * m``."""
+    cfg = cfg or fc.HeadroomConfig()
     h = fc.Headroom()
     t = 0.0
     for m in maxima:

@@ -10,8 +10,6 @@ at least ``DOWNSIZE_MIN_SLICES`` compute slices, make-before-break.
 
 from __future__ import annotations
 
-import pytest
-
 from autoscaler.mig import Placement
 from autoscaler.policy.decide import PolicyConfig, PolicyState, decide
 from autoscaler.policy.planner import DOWNSIZE_MIN_SLICES, plan
