@@ -163,15 +163,34 @@ class KubeWorld:
 
     def settle(self, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        quiet = 0
+        while time.monotonic() < deadline and quiet < 2:  # quiet twice in a row: no write in flight
+            caught_up(self.be, self.fake)
+            self.be.snapshot()
+            self.be.advance()
+            time.sleep(0.05)
             caught_up(self.be, self.fake)
             st = self.be.snapshot()
-            self.be.advance()
             self._bind_all()
             busy = [r for r in st.replicas if r.state in (ReplicaState.STARTING, ReplicaState.DRAINING)]
-            if not self.be.rollout.chains and not self.be.repartitioner.in_progress() and not busy:
-                return
-            time.sleep(0.05)
+            idle = (not self.be.rollout.chains and not self.be.repartitioner.in_progress() and not busy
+                    and self._controllers_caught_up())
+            quiet = quiet + 1 if idle else 0
+
+    def _controllers_caught_up(self) -> bool:
+        """Every Deployment has as many live pods as its spec.replicas (the ReplicaSet acted on the last scale)."""
+        live: dict[tuple[str, str], int] = {}
+        for p in self.fake.view("Pod"):
+            if not p["metadata"].get("deletionTimestamp"):
+                lbls = p["metadata"].get("labels") or {}
+                key = (lbls.get(MODEL_LABEL, ""), lbls.get(PROFILE_LABEL, ""))
+                live[key] = live.get(key, 0) + 1
+        for d in self.fake.view("Deployment", "apps"):
+            lbls = (((d.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
+            key = (lbls.get(MODEL_LABEL, ""), lbls.get(PROFILE_LABEL, ""))
+            if live.get(key, 0) != int((d.get("spec") or {}).get("replicas") or 0):
+                return False
+        return True
 
     def seed(self, replicas: Sequence[Replica]) -> None:
         """The world's READY replicas, made by the backend itself (pods are the ReplicaSet's)."""
