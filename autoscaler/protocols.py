@@ -147,9 +147,10 @@ which the loop must not act on again yet (``loop.hold_in_flight``):
 A replica that is merely STARTING is not in flight, and neither is a queued
 WAIT_READY on it: it is capacity on its way, which the snapshot shows and the
 policy counts. The actions queued behind a WAIT_READY (the DRAIN and DELETE
-of the replica it replaces) are. ``None`` means "cannot tell right now": the
-loop then falls back to the global ``converging()`` gate (every backend here
-answers; the fallback is for one that cannot).
+of the replica it replaces) are. Every backend answers: there is no global
+"wait while anything converges" -- the loop holds only what is named here.
+A Kubernetes controller that is not the leader answers from the cluster (the
+Node annotations of repartitions, terminating pods) and applies nothing.
 """
 
 from __future__ import annotations
@@ -183,17 +184,12 @@ class Actuator(Protocol):
         that failed or was skipped. Never waits for convergence."""
         ...
 
-    def in_flight(self) -> InFlight | None:
-        """(GPUs, models) with work under way; None: cannot tell (the loop's global-gate fallback)."""
+    def in_flight(self) -> InFlight:
+        """(GPUs, models) with work under way (see the module docstring)."""
         ...
 
     def take_errors(self) -> list[str]:
         """Errors of queued actions that failed or were dropped since the last call; each reported once."""
-        ...
-
-    def converging(self) -> bool:
-        """True while anything is still in flight. Asked only when ``in_flight()`` answers None
-        (the global gate, for an actuator that cannot tell per GPU and model)."""
         ...
 
 
