@@ -137,7 +137,7 @@ class KubeWorld:
         errs = [self._out(e) for e in self.be.apply(out)]
         with self._lock:  # a CREATE that failed or was skipped makes no pod
             for key, rid in queued:
-                if any(re.search(rf"\bcreate \S+ \S+ {re.escape(rid)}\b", e) for e in errs):
+                if any(re.match(rf"create \S+ \S+ {re.escape(rid)}\b", e) for e in errs):
                     self._pending[key].remove(rid)
         return errs
 

@@ -233,7 +233,7 @@ class Rollout:
         if k is ActionKind.CREATE:
             missing = self.uncarved(step)
             if missing:
-                return f"create {spec.name}: {missing}; carve it first (REPARTITION)"
+                return f"{describe(step.acts[0]) if step.acts else 'create ' + spec.name}: {missing}; carve it first (REPARTITION)"
             old = self.workloads.size(*key)
             n = step.n
             if step.profile != WHOLE:
