@@ -341,5 +341,8 @@ class KubernetesController:
             if self.api is not None:
                 self.api.stop()
                 self.api = None
+            closer = getattr(self.model_source, "close", None)
+            if closer is not None:  # a watching source (MigModels) stops its informers
+                closer()
             self.backend.close()
             self.backend.rest.close()

@@ -198,9 +198,9 @@ class MigModelSource:
         problems = (*e.problems, *((e.conflict,) if e.conflict else ()))
         good = e.good
         slo_ms = (good.slo.p99_ms if good else ((obj.get("spec") or {}).get("slo") or {}).get("p99_ms")) or 0
-        base = dict(generation=meta.get("generation"), slo_p99_ms=float(slo_ms),
-                    min_replicas=good.min_replicas if good else 0, config_problems=problems,
-                    in_force=good is not None and e.serving)
+        base: dict[str, Any] = {"generation": meta.get("generation"), "slo_p99_ms": float(slo_ms),
+                                "min_replicas": good.min_replicas if good else 0, "config_problems": problems,
+                                "in_force": good is not None and e.serving}
         if not e.serving or e.spec is None:
             return ModelReport(ready={}, desired={}, **base)
         name, plan = e.spec.name, self._plan
