@@ -196,6 +196,11 @@ def test_two_teams_status_invalid_spec_isolated_and_deleted_migmodel_collected(w
     assert "bert" not in ctl.backend.models and "resnet" in ctl.backend.models
     assert c.fake.get("Deployment", "resnet-1g-10gb", "team-a")["spec"]["replicas"] >= 2
 
+    # every request the controller sent is one k8s/base's RBAC grants
+    from test_k8s_manifests import not_granted
+
+    assert not_granted(c.fake, "migscale/ctl") == []
+
     # the holder of "resnet" is deleted: team-b's resnet takes the name over
     assert kubectl.delete("team-a", "resnet").status_code == 200
     settle(c, ctl, lambda: (cond(c.fake.get("MigModel", "resnet", "team-b"), "ConfigValid")["status"] == "True"
