@@ -196,6 +196,9 @@ class FakeKube:
         self.blocked_evictions: set[str] = set()
         self.fail_next: list[tuple[str, str, int]] = []  # (method, path-substring, code), each once
         self.before: list[Callable[[str, str], None]] = []  # called before a request is handled
+        # (server, method, path, Accept) -> (code, body) or None: answers beyond the REST verbs
+        # (discovery, Tables for kubectl: kubectl_views.py)
+        self.views: list[Callable[[FakeKube, str, str, str], tuple[int, Obj] | None]] = []
         self._rv = 0
         self._ips = [0]
         self.lock = threading.RLock()
@@ -735,7 +738,10 @@ class FakeKube:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 agent = self.headers.get("User-Agent") or ""
-                code, payload = fake.handle(self.command, self.path, body, self.headers.get("Content-Type") or "", agent)
+                viewed = next((v for view in list(fake.views)
+                               if (v := view(fake, self.command, self.path, self.headers.get("Accept") or ""))), None)
+                code, payload = viewed or fake.handle(self.command, self.path, body,
+                                                      self.headers.get("Content-Type") or "", agent)
                 url = urlparse(self.path)
                 with fake.lock:
                     fake.requests.append(Request(self.command, url.path, agent, code, url.query))
