@@ -130,7 +130,7 @@ class KubectlViews:
         code, got = fake.handle("GET", path, b"", "", "kubectl")
         if code != 200:
             return code, got
-        objs = got["items"] if "items" in got else [got]
+        objs = got.get("items", [got])
         cols = [{"name": "Name", "type": "string", "format": "name", "priority": 0,
                  "description": "Name must be unique within a namespace."}]
         cols += [{"name": c["name"], "type": c["type"], "format": c.get("format", ""), "priority": c.get("priority", 0),

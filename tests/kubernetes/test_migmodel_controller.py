@@ -247,3 +247,36 @@ def test_cli_migmodels_bad_input_exits_2_naming_it(tmp_path, models, option, say
     args = ["controller", models, str(tmp_path / "cluster.yaml"), "--once", "--kube-host", "http://127.0.0.1:9"]
     out = CliRunner().invoke(app, [*args, *(["--migmodels", option] if option else [])])
     assert out.exit_code == 2 and says in out.output, out.output
+
+
+# ---------------------------------------------------------------- the source alone
+
+
+def test_source_relists_after_410_and_a_missing_crd_fails_start_up_naming_the_fix(fake, connect, tmp_path):
+    from autoscaler.act.kubernetes.client import KubeError
+    from autoscaler.config import parse_cluster
+
+    cluster_cfg = parse_cluster({"gpus": [{"node": "node-0", "product": "A100-SXM4-80GB", "count": 1}]})
+    # no CRD: the list answers 404, and start-up says how to install it
+    fake.fail_next = [("GET", "/migmodels", 404)] * 20
+    with pytest.raises(KubeError, match="kubectl apply -k k8s/base"):
+        MigModelSource(connect(), cluster_cfg, sync_timeout_s=1)
+    fake.fail_next = []
+    kubectl = Kubectl(fake.url)
+    assert kubectl.apply(migmodel("team-a", "resnet")).status_code == 201
+    source = MigModelSource(connect(), cluster_cfg, namespaces=["team-a"], watch_timeout_s=5, start=False)
+    inf = source.informers[0]
+    inf.relist()  # listed, not yet watching
+    assert [s.name for s in source.current().specs] == ["resnet"]
+    # meanwhile bert comes and the history is compacted away: the watch from the list's version gets 410
+    assert kubectl.apply(migmodel("team-a", "bert")).status_code == 201
+    fake.expire_history("MigModel", "migscale.io")
+    source.start()
+    try:
+        from k8s_helpers import wait_until
+
+        wait_until(lambda: len(source.current().specs) == 2, 10, "the relist")
+        assert inf.expired >= 1 and inf.lists >= 2
+        assert source.current().namespaces == {"resnet": "team-a", "bert": "team-a"}
+    finally:
+        source.close()

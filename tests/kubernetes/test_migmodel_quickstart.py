@@ -38,7 +38,7 @@ pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed (
 
 
 def kubectl(url: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([KUBECTL, "--server", url, *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([KUBECTL, "--server", url, *args], capture_output=True, text=True, timeout=60, check=False)
 
 
 def readme_block(after: str) -> list[str]:
