@@ -207,6 +207,28 @@ def test_two_teams_status_invalid_spec_isolated_and_deleted_migmodel_collected(w
                             and c.fake.get("Deployment", "resnet-1g-10gb", "team-b") is not None))
 
 
+def test_measured_numbers_alone_are_rewritten_at_most_every_30_s(world):
+    c, kubectl, controller = world
+    assert kubectl.apply(migmodel("team-a", "resnet")).status_code == 201
+    ctl = controller({"resnet": 100.0})
+    settle(c, ctl, lambda: (c.fake.get("MigModel", "resnet", "team-a").get("status") or {}).get("readyReplicas", 0) >= 2)
+    tick(ctl, 2)
+
+    def writes() -> int:
+        return sum(1 for r in c.fake.writes() if r.path.endswith("/status") and "migmodels" in r.path)
+
+    before = writes()
+    for rps in (101.0, 103.0, 99.0):  # inside the policy's tolerance: no replica changes, only the numbers
+        ctl.source.set_rate("resnet", rps, p99_ms=90.0 + rps / 10)
+        tick(ctl)
+    assert writes() == before
+    ctl.clock.advance(30)
+    tick(ctl)
+    assert writes() == before + 1
+    st = c.fake.get("MigModel", "resnet", "team-a")["status"]
+    assert st["servedRps"] == 99.0 and st["p99Ms"] == 99.9
+
+
 # ---------------------------------------------------------------- the command
 
 
