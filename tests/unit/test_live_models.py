@@ -59,6 +59,9 @@ def test_add_remove_and_change_take_effect_at_the_next_poll(world):
     assert "bert" in lc.models and "rnn" not in lc.models
     doc = live.describe()
     assert doc["generation"] == 2 and doc["models"] == ["resnet", "bert"] and "+bert" in doc["change"]
+    from autoscaler.status import render_table
+
+    assert "config:      generation 2 (resnet, bert)" in render_table({"replicas": [], "config": doc})
     assert live.poll() is None  # the same generation is taken once
     assert any("generation 2" in s for s in said)
 
