@@ -132,4 +132,8 @@ def render_table(status: dict) -> str:
     lines.append(f"metrics API: {status.get('metrics_api')}")
     prom = status.get("prometheus")
     lines.append(f"prometheus:  {prom if prom else 'not running (direct scrape of each replica)'}")
+    cfg = status.get("config")
+    if isinstance(cfg, dict):
+        refused = f"; generation {cfg['refused_generation']} refused: {cfg['error']}" if cfg.get("error") else ""
+        lines.append(f"config:      generation {cfg.get('generation')} ({', '.join(cfg.get('models') or [])}){refused}")
     return "\n".join(lines)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from autoscaler.act.local.cluster import LocalCluster
 from autoscaler.act.local.pids import write_json_atomic
@@ -199,6 +200,7 @@ def run_controller(
     controller: LocalController | None = None,
     *,
     say: Callable[[str], None] = print,
+    live: Any = None,
 ) -> None:
     """Start the stack, place min_replicas, run until ``stop`` is set, stop everything.
 
@@ -206,6 +208,8 @@ def run_controller(
     loads, rewrite ``run_dir/status.json`` atomically and print new lifecycle
     events; every ``policy.tick_s`` (longer while the loop backs off) a tick of
     ``controller``'s control loop. Without a controller only the supervision runs.
+    ``live`` (``live_models.LiveModels``): each second, take a model set
+    ``migscale apply`` handed over into force before the next tick.
     """
     status_path = cluster.run_dir / "status.json"
     try:
@@ -214,7 +218,7 @@ def run_controller(
         say(f"front door:  {cluster.frontdoor_url}")
         say(f"metrics API: {cluster.metrics_api_url}")
         say(cluster.prom.banner())
-        _write_status(cluster, status_path)
+        _write_status(cluster, status_path, live)
         first = initial_actions(models_cfg, cluster_cfg, cluster.snapshot(), now_s=cluster.clock.now())
         for err in cluster.apply(first):
             say(f"warning: {err}")
@@ -223,8 +227,10 @@ def run_controller(
         seen = [len(cluster.events)]
 
         def idle() -> None:
+            if live is not None:
+                live.poll()
             cluster.refresh_loads()
-            _write_status(cluster, status_path)
+            _write_status(cluster, status_path, live)
             new = cluster.events[seen[0]:] if len(cluster.events) >= seen[0] else cluster.events
             for e in new:
                 say(e)
@@ -249,5 +255,8 @@ def run_controller(
         status_path.unlink(missing_ok=True)
 
 
-def _write_status(cluster: LocalCluster, path: Path) -> None:
-    write_json_atomic(path, cluster.status(controller_pid=os.getpid()))
+def _write_status(cluster: LocalCluster, path: Path, live: Any = None) -> None:
+    doc = cluster.status(controller_pid=os.getpid())
+    if live is not None:
+        doc["config"] = live.describe()
+    write_json_atomic(path, doc)
