@@ -34,6 +34,7 @@ from autoscaler.clock import Clock, WallClock
 from autoscaler.config import ClusterConfig, ModelsConfig, model_specs, policy_config
 from autoscaler.driver import Driver, Hooks
 from autoscaler.loop import ControlLoop, TickResult
+from autoscaler.observe.fast import FastScrape, WithFast
 from autoscaler.observe.prometheus import PrometheusSource
 from autoscaler.observe.scrape import ScrapeSource
 from autoscaler.policy.types import ReplicaState
@@ -43,6 +44,11 @@ STATUS_EVERY_S = 1.0
 
 # The local backend's emulated repartition takes no time (see act/local/cluster.py).
 LOCAL_REPARTITION_S = 0.0
+# A local tritonserver replica serves ~1.5-2 s after it is started (benchmarks/local_cluster.py).
+LOCAL_REPLICA_START_S = 2.0
+# The burst layer's window over the 1 s direct scrapes: three samples, so one
+# slow scrape does not blank it, and a step shows fully within 3 s.
+FAST_WINDOW_S = 3.0
 
 
 class LocalController:
@@ -65,7 +71,8 @@ class LocalController:
         self.specs = model_specs(models_cfg, cluster_cfg)
         # Emulated MIG: a repartition rewrites a declared layout at once, so the
         # planner may cut the most efficient slices even in a burst (no fast path).
-        self.policy = policy_config(models_cfg, cluster_cfg, repartition_s=LOCAL_REPARTITION_S)
+        self.policy = policy_config(models_cfg, cluster_cfg, repartition_s=LOCAL_REPARTITION_S,
+                                    replica_start_s=LOCAL_REPLICA_START_S)
         self.slo_p99_ms = {m.name: float(m.slo.p99_ms) for m in models_cfg.models}
         self.tick_s = float(cluster_cfg.policy.tick_s)
         # Three missed ticks (15 s at a 5 s tick): one slow or failed tick is still
@@ -80,24 +87,28 @@ class LocalController:
         # samples at a 2 s scrape, short enough to see a spike within a tick or two.
         self.window_s = window_s or max(10.0, 3 * float(cluster_cfg.policy.tick_s))
         self._tick_lock = threading.Lock()
+        self.fast = FastScrape(self._targets, window_s=FAST_WINDOW_S)
         self._tick_s: float | None = None  # last tick's duration, for /metrics
 
     # ------------------------------------------------------------ wiring
+    def _targets(self) -> dict[str, tuple[str, str]]:
+        return {
+            r.id: (r.model, r.process.url_metrics)
+            for r in self.cluster.replicas()
+            if r.state is ReplicaState.READY
+        }
+
     def _source(self):
         c = self.cluster
         stale = float(self.cluster_cfg.policy.metrics_stale_s)
         if c.prometheus_url:
-            return PrometheusSource(c.prometheus_url, window_s=self.window_s, metrics_stale_s=stale)
-
-        def targets() -> dict[str, tuple[str, str]]:
-            return {
-                r.id: (r.model, r.process.url_metrics)
-                for r in c.replicas()
-                if r.state is ReplicaState.READY
-            }
-
-        return ScrapeSource(targets, window_s=self.window_s, long_window_s=2 * self.window_s,
-                            metrics_stale_s=stale)
+            main = PrometheusSource(c.prometheus_url, window_s=self.window_s, metrics_stale_s=stale)
+        else:
+            main = ScrapeSource(self._targets, window_s=self.window_s, long_window_s=2 * self.window_s,
+                                metrics_stale_s=stale)
+        # The burst layer's signals: every replica scraped each second (the idle
+        # hook), rates over the last 3 s -- a rise shows within 1-3 s.
+        return WithFast(main, self.fast)
 
     def start_api(self) -> ServerHandle:
         app = create_app(self.api_state)
@@ -150,8 +161,13 @@ class LocalController:
 
     def build_driver(self, idle: Callable[[], None] | None = None) -> Driver:
         """The run loop around ``tick``; the metrics API follows its health."""
+        def every_second() -> None:
+            self.fast.sample(self.clock.now())
+            if idle is not None:
+                idle()
+
         self.driver = Driver(self, self.clock, tick_s=self.tick_s, max_snapshot_age_s=self.max_age_s,
-                             slice_s=STATUS_EVERY_S, hooks=Hooks(idle=idle))
+                             slice_s=STATUS_EVERY_S, hooks=Hooks(idle=every_second))
         self.api_state.health = self.driver.health
         return self.driver
 

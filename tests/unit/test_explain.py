@@ -73,3 +73,16 @@ def test_explain_missing_log_exits_2_naming_the_option(tmp_path):
     empty.write_text("\n")
     res = CliRunner().invoke(app, ["explain", "--log", str(empty)])
     assert res.exit_code == 2 and "--log" in res.output
+
+
+def test_explain_says_where_each_models_headroom_comes_from():
+    from autoscaler.commands.explain import headroom_sentence
+
+    learned = {"headroom": 0.18, "headroom_quantile": 0.95, "headroom_samples": 240, "headroom_learned": True,
+               "horizon_s": 60.0}
+    s = headroom_sentence("resnet", learned)
+    assert "18%" in s and "95th percentile of 240 samples" in s and "60 s" in s and "0-150%" in s
+    prior = dict(learned, headroom=0.2, headroom_learned=False, headroom_samples=7)
+    assert "prior" in headroom_sentence("resnet", prior) and "7 so far" in headroom_sentence("resnet", prior)
+    assert "fixed" in headroom_sentence("resnet", dict(learned, headroom_quantile=None))
+    assert "no headroom" in headroom_sentence("resnet", {})
