@@ -456,7 +456,7 @@ class PolicyConfig(_Strict):
                             description="plan capacity = forecast * (1 + headroom) until a headroom is learned, "
                                         "and always when headroom_quantile is null")
     headroom_quantile: float | None = Field(
-        default=0.95, ge=0.5, le=0.999,
+        default=0.99, ge=0.5, le=0.999,
         description="learn each model's headroom as this quantile of how far demand rose above the forecast "
                     "within one reaction horizon (last 4 h); null = the fixed headroom",
     )

@@ -135,7 +135,7 @@ def envelope(f: Forecast, horizon_s: float, cfg: ForecastConfig = ForecastConfig
 
 @dataclass(frozen=True)
 class HeadroomConfig:
-    quantile: float = 0.95
+    quantile: float = 0.99
     sample_s: float = 60.0
     window_s: float = 4 * 3600.0
     min_samples: int = 30
