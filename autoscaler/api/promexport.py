@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from autoscaler.api import signals as sig
@@ -57,6 +57,8 @@ class _SnapshotCollector(Collector):
                                 value=snap.slices_in_use)
         yield GaugeMetricFamily("migscale_ready", "1 once the first control tick was published",
                                 value=1 if snap.ready else 0)
+        yield CounterMetricFamily("migscale_tick_errors", "Control ticks that raised (traceback in the controller log)",
+                                  value=self.state.tick_errors)
         if snap.t_s is not None:
             yield GaugeMetricFamily("migscale_last_tick_timestamp_seconds", "Time of the last published tick",
                                     value=snap.t_s)

@@ -163,6 +163,7 @@ class ApiState:
         self._history: dict[str, deque[tuple[float, float | None, float | None]]] = {}
         self._last_plan: Plan | None = None
         self._listeners: list[Any] = []  # callables(snapshot, plan, tick_s, plan_s) -- /metrics
+        self.tick_errors = 0  # control ticks that raised, set by the controller (migscale_tick_errors_total)
 
     # ------------------------------------------------------------- reading
     @property

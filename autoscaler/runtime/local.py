@@ -14,6 +14,7 @@ refresh and the tick share one clock and never race on the same replica.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -34,6 +35,7 @@ from autoscaler.policy.types import ReplicaState
 from autoscaler.runtime.local_setup import initial_actions
 
 STATUS_EVERY_S = 1.0
+log = logging.getLogger("migscale.local")
 
 # The local backend's emulated repartition takes no time (see act/local/cluster.py).
 LOCAL_REPARTITION_S = 0.0
@@ -68,6 +70,7 @@ class LocalController:
         self.window_s = window_s or max(10.0, 3 * float(cluster_cfg.policy.tick_s))
         self._tick_lock = threading.Lock()
         self._tick_s: float | None = None  # last tick's duration, for /metrics
+        self.raised = 0  # ticks that raised out of the loop (the loop counts those it caught)
 
     # ------------------------------------------------------------ wiring
     def _source(self):
@@ -112,6 +115,7 @@ class LocalController:
         """Push the latest picture to the metrics API (and so to /ui and HPA readers)."""
         obs = self.loop.last_observation if self.loop else None
         plan = result.plan if result is not None else None
+        self.api_state.tick_errors = self.raised + (self.loop.tick_errors if self.loop else 0)
         status = self.cluster.status(controller_pid=os.getpid())
         self.api_state.update(
             obs,
@@ -132,7 +136,11 @@ class LocalController:
             self.build_loop()
         with self._tick_lock:
             t0 = time.perf_counter()
-            self.loop.tick()
+            try:
+                self.loop.tick()
+            except Exception:
+                self.raised += 1
+                raise
             self._tick_s = time.perf_counter() - t0
 
     def stop(self) -> None:
@@ -174,28 +182,25 @@ def run_controller(
             say(f"replica {r.id}: {r.model} on {r.profile} {r.gpu}@{r.start} port {r.port} {r.state.value}")
         tick_s = float(cluster_cfg.policy.tick_s)
         next_tick = time.monotonic() + tick_s
-        seen_events = len(cluster.events)
+        seen_events = cluster.events_total
         while not stop.is_set():
             cluster.refresh_loads()
             _write_status(cluster, status_path)
-            for e in cluster.events[seen_events:] if len(cluster.events) >= seen_events else cluster.events:
+            new, seen_events = cluster.events_since(seen_events)
+            for e in new:
                 say(e)
-            seen_events = len(cluster.events)
             if on_tick is not None and time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + tick_s
                 try:
                     on_tick(cluster)
                 except Exception as e:  # the loop holds; supervision goes on
+                    log.exception("tick raised")  # with its traceback, in run_dir/controller.log
                     say(f"tick failed: {type(e).__name__}: {e}")
             stop.wait(STATUS_EVERY_S)
     finally:
         say("stopping: front door, replicas, prometheus")
         cluster.stop()
         status_path.unlink(missing_ok=True)
-
-
-def _write_status(cluster: LocalCluster, path: Path) -> None:
-    write_json_atomic(path, cluster.status(controller_pid=os.getpid()))
 
 
 def _write_status(cluster: LocalCluster, path: Path) -> None:

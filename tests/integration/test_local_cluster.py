@@ -25,6 +25,7 @@ import tritonclient.http as th
 from _support import wait_until
 
 from autoscaler.act.local.cluster import LocalCluster
+from autoscaler.act.local.pids import load_records, started_from
 from autoscaler.act.local.replicas import ModelRuntime
 from autoscaler.mig.layout import Placement
 from autoscaler.policy.types import Action, ActionKind, GpuState, Reason, ReplicaState
@@ -316,6 +317,13 @@ def _status_ready(run_dir: Path):
     return doc if len(reps) == 2 and all(x["state"] == "ready" for x in reps) else None
 
 
+def _cmd(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _recorded(run_dir: Path) -> set[int]:
     pids = {c["pid"] for c in json.loads((run_dir / "pids.json").read_text())["children"]}
     for p in list(pids):
@@ -371,6 +379,8 @@ def test_cli_up_status_down_leaves_no_orphans(tmp_path, stop_with):
 
 
 def test_cli_up_after_a_crashed_controller_cleans_its_orphans(tmp_path):
+    """kill -9 of the controller: its children die with it (parent-death signal); `up`
+    again brings the same replicas back and nothing of the old stack runs beside them."""
     models, cluster, run_dir = _write_configs(tmp_path)
     up = subprocess.Popen(
         [sys.executable, "-m", "autoscaler", "up", str(models), str(cluster), "--run-dir", str(run_dir)],
@@ -381,10 +391,11 @@ def test_cli_up_after_a_crashed_controller_cleans_its_orphans(tmp_path):
     up2 = None
     try:
         wait_until(lambda: _status_ready(run_dir), 90, "both replicas ready", interval_s=0.5)
+        before = json.loads((run_dir / "status.json").read_text())["replicas"]
         orphans = _recorded(run_dir)
         os.kill(up.pid, signal.SIGKILL)  # the controller dies without cleaning up
         up.wait(10)
-        assert any(_alive(p) for p in orphans)
+        wait_until(lambda: not [p for p in orphans if _alive(p)], 15, "the dead controller's children to exit")
         up2 = subprocess.Popen(
             [sys.executable, "-m", "autoscaler", "up", str(models), str(cluster), "--run-dir", str(run_dir)],
             stdout=subprocess.PIPE,
@@ -393,11 +404,14 @@ def test_cli_up_after_a_crashed_controller_cleans_its_orphans(tmp_path):
             start_new_session=True,
         )
         wait_until(lambda: _status_ready(run_dir), 90, "the new controller's replicas ready", interval_s=0.5)
-        left = [p for p in orphans if _alive(p)]
+        after = json.loads((run_dir / "status.json").read_text())["replicas"]
+        assert sorted(r["model"] for r in after) == sorted(r["model"] for r in before)
+        tritons = [p for p in started_from(run_dir, load_records(run_dir)) if "tritonserver" in _cmd(p)]
+        assert len(tritons) == len(after)  # no duplicate tritonserver of the old stack
         os.kill(up2.pid, signal.SIGTERM)
         out, _ = up2.communicate(timeout=60)
-        assert left == [], out  # no duplicates: the old stack is gone
-        assert "cleaned up" in out and "orphan" in out
+        assert "stopped" in out
+        assert started_from(run_dir, []) == {}, out
     finally:
         for p in (up, up2):
             if p is not None and p.poll() is None:

@@ -29,7 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoscaler.act.local.procs import stop_child
+from autoscaler.act.local.ports import check_bindable
+from autoscaler.act.local.procs import error_lines, kill_group, spawn, stop_child, tail_lines, wait_group_gone
 from autoscaler.act.local.triton import free_port
 
 SCRAPE_INTERVAL_S = 2
@@ -109,7 +110,9 @@ class PrometheusServer:
         else:
             self.fallback_reason = None
         self.port = port or free_port()
+        self.run_dir = Path(run_dir).resolve()
         self.proc: subprocess.Popen | None = None
+        self.started = False  # start() succeeded and stop() has not run: it should be up
         self._last: list[dict] | None = None
         # Drain workers and the tick both rewrite the targets: one writer at a time,
         # or two share the temp file and the second's rename finds it gone.
@@ -117,7 +120,15 @@ class PrometheusServer:
 
     @property
     def mode(self) -> str:
-        return "prometheus" if self.binary else "direct"
+        """``prometheus``; ``prometheus-down`` while ours is dead (the loop holds: no
+        scale-down on what it cannot see); ``direct`` without a binary (direct scrape)."""
+        if not self.binary:
+            return "direct"
+        return "prometheus-down" if self.started and not self.alive() else "prometheus"
+
+    @property
+    def program(self) -> str:
+        return os.path.basename(self.binary or "prometheus")
 
     @property
     def url(self) -> str | None:
@@ -161,39 +172,49 @@ class PrometheusServer:
             self.write_targets([])
         conf = self.dir / "prometheus.yml"
         conf.write_text(render_config(self.targets_file))
-        with open(self.dir / "prometheus.log", "ab") as log:  # the child keeps its own copy
-            self.proc = subprocess.Popen(
-                [
-                    self.binary,
-                    f"--config.file={conf}",
-                    f"--storage.tsdb.path={self.dir / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--storage.tsdb.retention.time=1d",
-                    "--log.level=warn",
-                ],
-                cwd=self.dir,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        check_bindable(self.port, "prometheus")
+        self.proc = spawn(
+            [
+                self.binary,
+                f"--config.file={conf}",
+                f"--storage.tsdb.path={self.dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--storage.tsdb.retention.time=1d",
+                "--log.level=warn",
+            ],
+            log_path=self.dir / "prometheus.log",
+            cwd=self.dir,
+            run_dir=self.run_dir,
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                kill_group(self.proc.pid)
                 raise RuntimeError(
                     f"prometheus exited with {self.proc.returncode}; see {self.dir / 'prometheus.log'}"
                 )
             try:
                 with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
                     if r.status == 200:
+                        self.started = True
                         return
             except OSError:
                 pass
             time.sleep(0.1)
+        stop_child(self.proc, 2.0)
         raise RuntimeError(f"prometheus not ready within {timeout_s:.0f}s; see {self.dir / 'prometheus.log'}")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def error_lines(self) -> list[str]:
+        return error_lines(tail_lines(self.dir / "prometheus.log", 50))
+
+    def reap(self) -> None:
+        if self.proc is not None:
+            kill_group(self.proc.pid)
+            wait_group_gone(self.proc.pid, 2.0)
+
     def stop(self, timeout_s: float = 10.0) -> None:
+        self.started = False
         stop_child(self.proc, timeout_s, group=False)
