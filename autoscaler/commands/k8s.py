@@ -19,6 +19,7 @@ from autoscaler.act.kubernetes.config import mig_configs, render_config
 from autoscaler.act.kubernetes.migparted import mig_parted_configmap
 from autoscaler.act.kubernetes.render import min_replicas_desired, render_all
 from autoscaler.commands._common import fail, load_or_exit
+from autoscaler.commands.migmodel import render_migmodels
 from autoscaler.config import ClusterConfig, ConfigError, initial_cluster_state, load_demand, model_specs
 from autoscaler.policy.types import ModelSpec
 
@@ -47,11 +48,26 @@ def render(
     metric: Annotated[
         str, typer.Option(help="HPA Pods metric served by `migscale api`")
     ] = "migscale_replica_ratio",
+    migmodels: Annotated[
+        bool, typer.Option("--migmodels", help="print one MigModel per model instead (for kubectl apply)")
+    ] = False,
+    namespace: Annotated[
+        str | None, typer.Option(help="with --migmodels: their namespace (default: cluster.yaml's)")
+    ] = None,
+    out_dir: Annotated[
+        str | None, typer.Option("--out-dir", help="with --migmodels: write migmodel-NAME.yaml files here")
+    ] = None,
 ) -> None:
     """Print, as multi-document YAML, every Kubernetes object migscale would apply.
 
     Example: migscale render examples/models.yaml examples/cluster.yaml --demand examples/demand.yaml > objects.yaml
     """
+    if migmodels:
+        if demand is not None:
+            fail([f"--demand: MigModels carry no replica counts (the controller decides), got {demand!r}"])
+        return render_migmodels(models, cluster, namespace, out_dir)
+    if namespace is not None or out_dir is not None:
+        fail(["--namespace and --out-dir go with --migmodels"])
     models_cfg, cluster_cfg = load_or_exit(models, cluster)
     specs = model_specs(models_cfg, cluster_cfg)
     rps = None

@@ -7,6 +7,7 @@ cross-file checks. Import the public API from here.
 """
 
 from autoscaler.config.build import (
+    capacity_table,
     initial_cluster_state,
     load_capacity_file,
     load_demand,
@@ -36,6 +37,7 @@ __all__ = [
     "ModelConfig",
     "ModelsConfig",
     "PolicyConfig",
+    "capacity_table",
     "initial_cluster_state",
     "load_capacity_file",
     "load_cluster",

@@ -123,7 +123,8 @@ def _mig_products(cluster: ClusterConfig) -> list:
     return [get_product(name) for name in cluster.products()]
 
 
-def _capacity_table(models: ModelsConfig, m: ModelConfig) -> dict[str, float]:
+def capacity_table(models: ModelsConfig, m: ModelConfig) -> dict[str, float]:
+    """Req/s per profile for ``m``: its ``capacity_file`` entry (when the file exists), ``capacity`` over it."""
     table: dict[str, float] = {}
     if m.capacity_file:
         path = models.resolve(m.capacity_file)
@@ -189,7 +190,7 @@ def model_specs(models: ModelsConfig, cluster: ClusterConfig) -> list[ModelSpec]
                     f"({', '.join(cluster.products()) or 'none'}), got {prof!r}"
                 )
         try:
-            capacity = _capacity_table(models, m)
+            capacity = capacity_table(models, m)
         except ConfigError as exc:
             problems.extend(f"models[{i}].capacity_file: {line}" for line in exc.problems)
             continue
@@ -313,7 +314,7 @@ def validate_pair(
         if m.high_availability and n_mig_gpus < 2:
             out.append(f"{at}.high_availability: needs >= 2 MIG GPUs, the cluster has {n_mig_gpus}, got True")
         try:
-            capacity = _capacity_table(models, m)
+            capacity = capacity_table(models, m)
         except ConfigError as exc:
             out.extend(f"{at}.capacity_file: {line}" for line in exc.problems)
             continue

@@ -11,7 +11,9 @@ module makes each failure one line ``path.to.field: message, got VALUE`` in a
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+import json
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +126,10 @@ def _expanded_size(node: yaml.Node) -> int:
 def load_yaml(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> Any:
     """Read one YAML document with size, alias and depth limits; ConfigError on any failure."""
     p = Path(path)
+    return _parse_yaml_text(_file_text(p, max_bytes), p)
+
+
+def _file_text(p: Path, max_bytes: int) -> str:
     try:
         if not p.exists():
             raise ConfigError([f"{p}: file not found"], p)
@@ -145,19 +151,84 @@ def load_yaml(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> Any:
         ) from None
     except OSError as exc:
         raise ConfigError([f"{p}: cannot read: {exc.strerror or exc}"], p) from None
-    return _parse_yaml_text(text, p)
+    return text
+
+
+def read_text(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """A file's UTF-8 text (``-`` reads standard input), refused over ``max_bytes``."""
+    if str(path) == "-":
+        raw = sys.stdin.buffer.read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            raise ConfigError([f"(stdin): more than {max_bytes} bytes"], "-")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError([f"(stdin): not UTF-8 text (byte {exc.start})"], "-") from None
+    return _file_text(Path(path), max_bytes)  # the refusals of load_yaml: missing, FIFO, size, encoding
+
+
+def parse_documents(text: str, where: str | Path) -> list[Any]:
+    """Every document of a multi-document YAML text, or the one value of a JSON text.
+
+    Text that parses as JSON is read as JSON: a YAML 1.1 reader takes ``1e-05`` (how Go's encoder,
+    and so ``kubectl get -o json``, writes 0.00001) for a string. YAML gets the
+    limits of ``load_yaml``, the expanded size counted over all documents.
+    Empty documents (a trailing ``---``) are dropped.
+    """
+    p = Path(str(where))
+    if text.lstrip().startswith(("{", "[")):
+        try:
+            return [json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)]
+        except json.JSONDecodeError:
+            pass  # not JSON after all: YAML flow style (``{a: 1}``), read below
+        except RecursionError:
+            raise ConfigError([f"{p}: JSON nested too deeply, refused"], p) from None
+        except ValueError as exc:
+            raise ConfigError([f"{p}: JSON error: {exc}"], p) from None
+    if not text.strip():
+        raise ConfigError([f"{p}: file is empty, expected YAML or JSON"], p)
+    return [d for d in _documents(text, p, single=False) if d is not None]
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:  # as in YAML: a repeated key is a mistake worth a line, not a guess
+            raise ValueError(f"duplicate key, got {key!r}")
+        out[key] = value
+    return out
 
 
 def _parse_yaml_text(text: str, p: Path) -> Any:
     if not text.strip() or all(ln.lstrip().startswith("#") or not ln.strip() for ln in text.splitlines()):
         raise ConfigError([f"{p}: file is empty, expected a YAML mapping"], p)
+    return _documents(text, p, single=True)[0]
+
+
+def _documents(text: str, p: Path, *, single: bool) -> list[Any]:
+    """The documents of ``text`` (exactly one when ``single``), the expanded size counted over all."""
     loader = _BoundedLoader(text)
+    docs: list[Any] = []
+    total = 0
     try:
-        node = loader.get_single_node()
-        if node is None:
-            raise ConfigError([f"{p}: file is empty, expected a YAML mapping"], p)
-        _expanded_size(node)
-        return loader.construct_document(node)
+        if single:
+            node = loader.get_single_node()
+            if node is None:
+                raise ConfigError([f"{p}: file is empty, expected a YAML mapping"], p)
+            nodes = iter([node])
+        else:
+            # check_node first: it drops the stream-start event get_node would choke on
+            nodes = iter(lambda: loader.get_node() if loader.check_node() else None, None)
+        for node in nodes:
+            total += _expanded_size(node)
+            if total > MAX_EXPANDED_NODES:
+                raise _LimitError(f"documents expand to more than {MAX_EXPANDED_NODES} nodes, refused")
+            docs.append(loader.construct_document(node))
+        return docs
     except _LimitError as exc:
         raise ConfigError([f"{p}: {exc}"], p) from None
     except yaml.MarkedYAMLError as exc:
@@ -230,7 +301,15 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def format_errors(exc: ValidationError, root: type[BaseModel]) -> list[str]:
+def format_errors(
+    exc: ValidationError, root: type[BaseModel], relocate: Callable[[list], list] | None = None
+) -> list[str]:
+    """One line per error. ``relocate`` maps a location inside ``root`` to the one the
+    reader knows (a MigModel's ``name`` is ``metadata.name``, its other fields ``spec.*``)."""
+
+    def where(loc: Sequence[Any]) -> str:
+        return _path(relocate(list(loc)) if relocate is not None else loc)
+
     lines: list[str] = []
     for err in exc.errors(include_url=False):
         loc = list(err["loc"])
@@ -238,18 +317,18 @@ def format_errors(exc: ValidationError, root: type[BaseModel]) -> list[str]:
         ctx = err.get("ctx") or {}
         value = err.get("input")
         if loc and loc[-1] == "[key]":  # a mapping key of the wrong type: name the mapping
-            lines.append(f"{_path(loc[:-2])}: keys must be strings, got {short(loc[-2])}")
+            lines.append(f"{where(loc[:-2])}: keys must be strings, got {short(loc[-2])}")
             continue
         if kind == "invalid_key":
-            lines.append(f"{_path(loc[:-1])}: keys must be strings, got {short(value)}")
+            lines.append(f"{where(loc[:-1])}: keys must be strings, got {short(value)}")
             continue
         if kind == "semantic":
             for field, msg, got in ctx["items"]:
-                path = _path(loc + ([field] if isinstance(field, (str, int)) else list(field)))
+                path = where(loc + ([field] if isinstance(field, (str, int)) else list(field)))
                 lines.append(f"{path}: {msg}, got {short(got)}")
             continue
         if kind == "missing":
-            lines.append(f"{_path(loc)}: required field is missing")
+            lines.append(f"{where(loc)}: required field is missing")
             continue
         if kind == "extra_forbidden":
             allowed = _allowed_keys(root, loc)
@@ -259,7 +338,7 @@ def format_errors(exc: ValidationError, root: type[BaseModel]) -> list[str]:
                 if hint
                 else (f" (allowed: {', '.join(allowed)})" if allowed else "")
             )
-            lines.append(f"{_path(loc)}: unknown key{extra}, got {short(value)}")
+            lines.append(f"{where(loc)}: unknown key{extra}, got {short(value)}")
             continue
         if kind in _PLAIN:
             msg = _PLAIN[kind]
@@ -286,7 +365,7 @@ def format_errors(exc: ValidationError, root: type[BaseModel]) -> list[str]:
             msg = err["msg"]
             msg = msg.removeprefix("Value error, ")
             msg = msg[:1].lower() + msg[1:]
-        lines.append(f"{_path(loc)}: {msg}, got {short(value)}")
+        lines.append(f"{where(loc)}: {msg}, got {short(value)}")
     return lines
 
 

@@ -11,6 +11,11 @@ traceback. YAML is read with size, alias and depth limits (``config/io.py``),
 so a hostile file cannot hang the loader or eat memory. Building the core's
 values and the cross-file checks live in ``config/build.py``; the package
 ``autoscaler.config`` re-exports both.
+
+The models also define the MigModel CRD's schema (``act/kubernetes/crd.py``
+generates it from their JSON Schema), so each cross-field check of a model
+carries its CEL twin beside it (``_cel``). The module is longer than ~450
+lines because both files' schemas live here, each next to its checks.
 """
 
 from __future__ import annotations
@@ -66,7 +71,39 @@ def _dns_label(value: str) -> str:
 
 
 def _known_profile(name: str) -> bool:
-    return any(name in prod.profiles for prod in PRODUCTS.values())
+    return name in KNOWN_PROFILES
+
+
+# Every MIG profile of every known product, sorted (30 names). The JSON Schema
+# carries them as an enum so that a schema-only consumer (the MigModel CRD,
+# an editor) rejects "9g.90gb" as the validators below do; a list of profiles
+# or a capacity table longer than this must repeat or invent a name.
+KNOWN_PROFILES: tuple[str, ...] = tuple(sorted({p for prod in PRODUCTS.values() for p in prod.profiles}))
+UNKNOWN_PROFILE = "not a MIG profile of any known product (e.g. 1g.10gb, 3g.40gb)"
+_PROFILE_NAME = Annotated[str, Field(json_schema_extra={"enum": list(KNOWN_PROFILES)})]
+
+
+def _cel(rule: str, field: str, message: str, *, expression: bool = False) -> dict[str, str]:
+    """One Kubernetes CEL validation rule (``x-kubernetes-validations``) for the MigModel CRD.
+
+    The cross-field checks below are Python; the CRD carries each again as CEL
+    so the API server refuses what ``migscale validate`` refuses, on the same
+    field and with the same words. ``expression``: ``message`` is a CEL string
+    expression (``messageExpression``) that can quote the offending value.
+    tests/kubernetes/test_migmodel_crd.py evaluates both on the same inputs.
+    """
+    key = "messageExpression" if expression else "message"
+    return {"rule": rule, "fieldPath": f".{field}", key: message}
+
+
+def _or(field: str, fallback: str) -> str:
+    return f"(has(self.{field}) ? self.{field} : self.{fallback})"
+
+
+_TP, _PP = _or("tensor_parallel", "gpus_per_node"), _or("pipeline_parallel", "nodes_per_group")
+_MULTINODE_ONLY = (
+    "not used by backend 'multinode' (it takes whole GPUs; give multinode.group_capacity_rps)"
+)
 
 
 class SloConfig(_Strict):
@@ -77,6 +114,18 @@ class SloConfig(_Strict):
 
 
 class MultinodeConfig(_Strict):
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel(
+            f"{_TP} * {_PP} == self.nodes_per_group * self.gpus_per_node",
+            "tensor_parallel",
+            f"'tensor_parallel x pipeline_parallel (' + string({_TP}) + ' x ' + string({_PP}) + "
+            "') must equal nodes_per_group x gpus_per_node (' + "
+            "string(self.nodes_per_group * self.gpus_per_node) + '), got ' + "
+            "(has(self.tensor_parallel) ? string(self.tensor_parallel) : 'None')",
+            expression=True,
+        ),
+    ]})
+
     nodes_per_group: int = Field(ge=1, le=64, description="nodes in one serving group (leader + workers)")
     gpus_per_node: int = Field(default=1, ge=1, le=16)
     tensor_parallel: int | None = Field(default=None, ge=1, le=1024, description="default: gpus_per_node")
@@ -106,10 +155,43 @@ class MultinodeConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    name: str = Field(description="unique DNS-1123 label, also the Triton model name")
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel(
+            "self.min_replicas <= self.max_replicas",
+            "min_replicas",
+            "'must be <= max_replicas (' + string(self.max_replicas) + '), got ' + string(self.min_replicas)",
+            expression=True,
+        ),
+        _cel(
+            "!self.high_availability || self.max_replicas >= 2",
+            "max_replicas",
+            "'high_availability needs max_replicas >= 2, got ' + string(self.max_replicas)",
+            expression=True,
+        ),
+        _cel("self.backend != 'multinode' || has(self.multinode)", "multinode",
+             "required when backend is 'multinode', got None"),
+        _cel("!has(self.multinode) || self.backend == 'multinode'", "multinode",
+             "\"only valid with backend: multinode, got '\" + self.backend + \"'\"", expression=True),
+        _cel("self.backend != 'multinode' || !has(self.profiles)", "profiles", _MULTINODE_ONLY),
+        _cel("self.backend != 'multinode' || !has(self.capacity)", "capacity", _MULTINODE_ONLY),
+        _cel("self.backend != 'multinode' || !has(self.capacity_file)", "capacity_file",
+             f"\"{_MULTINODE_ONLY}, got '\" + self.capacity_file + \"'\"", expression=True),
+    ]})
+
+    # pattern and maxLength are for the JSON Schema only (_dns_label validates, with a plainer message)
+    name: str = Field(
+        description="unique DNS-1123 label, also the Triton model name",
+        json_schema_extra={"pattern": DNS_LABEL.pattern, "maxLength": 63},
+    )
     model_dir: str = Field(min_length=1, description="Triton model directory, relative to models.yaml")
     slo: SloConfig
-    profiles: list[str] | None = Field(default=None, min_length=1, description="allowed MIG profiles")
+    profiles: list[_PROFILE_NAME] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=len(KNOWN_PROFILES),
+        description="allowed MIG profiles",
+        json_schema_extra={"uniqueItems": True},
+    )
     memory_gb: float | None = Field(default=None, gt=0, le=10_000, description="memory one replica needs")
     min_replicas: int = Field(default=1, ge=0, le=1000)
     max_replicas: int = Field(default=8, ge=1, le=1000)
@@ -118,7 +200,10 @@ class ModelConfig(_Strict):
     backend: Literal["mig", "multinode"] = "mig"
     multinode: MultinodeConfig | None = None
     capacity: dict[str, Annotated[float, Field(gt=0, le=1e9)]] | None = Field(
-        default=None, description="profile -> req/s one replica sustains at the SLO"
+        default=None,
+        max_length=len(KNOWN_PROFILES),
+        description="profile -> req/s one replica sustains at the SLO",
+        json_schema_extra={"propertyNames": {"enum": list(KNOWN_PROFILES), "description": UNKNOWN_PROFILE}},
     )
     capacity_file: str | None = Field(
         default=None, min_length=1, description="YAML written by `migscale profile`"
@@ -132,7 +217,7 @@ class ModelConfig(_Strict):
         p = Problems()
         for i, prof in enumerate(value or ()):
             if not _known_profile(prof):
-                p.add(i, "not a MIG profile of any known product (e.g. 1g.10gb, 3g.40gb)", prof)
+                p.add(i, UNKNOWN_PROFILE, prof)
             elif prof in value[:i]:
                 p.add(i, "listed twice", prof)
         p.raise_if_any()
@@ -144,7 +229,7 @@ class ModelConfig(_Strict):
         p = Problems()
         for prof in value or {}:
             if not _known_profile(prof):
-                p.add(prof, "not a MIG profile of any known product (e.g. 1g.10gb, 3g.40gb)", prof)
+                p.add(prof, UNKNOWN_PROFILE, prof)
         p.raise_if_any()
         return value
 
@@ -160,12 +245,7 @@ class ModelConfig(_Strict):
                 p.add("multinode", "required when backend is 'multinode'", None)
             for fld in ("profiles", "capacity", "capacity_file"):
                 if getattr(self, fld) is not None:
-                    p.add(
-                        fld,
-                        "not used by backend 'multinode' (it takes whole GPUs; "
-                        "give multinode.group_capacity_rps)",
-                        getattr(self, fld),
-                    )
+                    p.add(fld, _MULTINODE_ONLY, getattr(self, fld))
         elif self.multinode is not None:
             p.add("multinode", "only valid with backend: multinode", self.backend)
         p.raise_if_any()

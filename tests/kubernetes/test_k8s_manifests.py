@@ -89,10 +89,11 @@ def _base() -> list[dict]:
 
 
 def test_rbac_has_no_wildcards_and_covers_the_backend():
+    every = [d for p in MANIFESTS for d in docs(p) if d.get("kind") in ("ClusterRole", "Role")]
+    for r in (r for d in every for r in d.get("rules", [])):
+        for key in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
+            assert not any("*" in item for item in r.get(key, [])), r
     rules = [r for d in _base() if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]]
-    for r in rules:
-        for key in ("apiGroups", "resources", "verbs", "resourceNames"):
-            assert "*" not in r.get(key, []), r
     granted = {
         (g, res, v) for r in rules for g in r["apiGroups"] for res in r["resources"] for v in r["verbs"]
     }
