@@ -204,4 +204,15 @@ def run_controller(
 
 
 def _write_status(cluster: LocalCluster, path: Path) -> None:
-    write_json_atomic(path, cluster.status(controller_pid=os.getpid()))
+    try:
+        write_json_atomic(path, cluster.status(controller_pid=os.getpid()))
+        _status_errors.clear()
+    except OSError as e:
+        # Disk full: `migscale status` reads a stale file for a while; the stack keeps serving.
+        if not _status_errors:
+            log.warning("cannot write %s: %s (retrying every second)", path, e)
+        _status_errors.append(str(e))
+        del _status_errors[:-1]
+
+
+_status_errors: list[str] = []  # non-empty while status.json cannot be written

@@ -119,6 +119,7 @@ class LocalCluster(GroupsMixin, SupervisionMixin):
         self._crashloop_since: dict[str, float] = {}  # model -> when its first replica began crash-looping
         self._crashloop_held: set[str] = set()  # models whose replacements crash-loop too
         self._rotated_s = float("-inf")
+        self._router_error: str | None = None  # the last nginx reload failure, logged once per streak
         self.supervisor = Supervisor(self.supervise_once, log=self.log)
         self.started = False
         self._stopping = False  # set by stop(): no more starts or restarts

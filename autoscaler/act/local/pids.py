@@ -89,6 +89,7 @@ class PidRegistry:
         self.path = Path(run_dir) / "pids.json"
         self._lock = threading.Lock()
         self._recs: dict[int, ProcRecord] = {}
+        self.save_error: str | None = None  # the last write of pids.json failed (disk full)
 
     def add(self, pid: int | None, kind: str, name: str = "", program: str = "") -> None:
         if pid is None:
@@ -109,10 +110,14 @@ class PidRegistry:
             return list(self._recs.values())
 
     def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"children": [asdict(r) for r in self._recs.values()]}, indent=1))
-        os.replace(tmp, self.path)
+        # A full disk must not stop a restart half-way: the record stays in memory
+        # (the process is in a group we created and carries the run-dir mark, so
+        # `down` finds it anyway) and the next change writes the file again.
+        try:
+            write_json_atomic(self.path, {"children": [asdict(r) for r in self._recs.values()]})
+            self.save_error = None
+        except OSError as e:
+            self.save_error = f"{self.path}: {e.strerror or e}"
 
 
 def load_records(run_dir: str | os.PathLike) -> list[ProcRecord]:

@@ -114,6 +114,7 @@ class PrometheusServer:
         self.proc: subprocess.Popen | None = None
         self.started = False  # start() succeeded and stop() has not run: it should be up
         self._last: list[dict] | None = None
+        self.write_error: str | None = None
         # Drain workers and the tick both rewrite the targets: one writer at a time,
         # or two share the temp file and the second's rename finds it gone.
         self._write_lock = threading.Lock()
@@ -157,11 +158,19 @@ class PrometheusServer:
         with self._write_lock:
             if doc == self._last and self.targets_file.exists():
                 return False
-            self.dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.targets_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(doc, indent=1) + "\n")
-            os.replace(tmp, self.targets_file)
+            try:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                tmp = self.targets_file.with_suffix(".tmp")
+                tmp.write_text(json.dumps(doc, indent=1) + "\n")
+                os.replace(tmp, self.targets_file)
+            except OSError as e:
+                # Disk full: Prometheus keeps scraping the last targets; the
+                # supervisor's periodic re-sync writes them once there is room.
+                self._last = None
+                self.write_error = f"{self.targets_file}: {e.strerror or e}"
+                return False
             self._last = doc
+            self.write_error = None
             return True
 
     def start(self, timeout_s: float = 30.0) -> None:

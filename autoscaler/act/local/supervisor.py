@@ -49,6 +49,7 @@ from autoscaler.policy.types import ReplicaState
 if TYPE_CHECKING:  # pragma: no cover
     from autoscaler.act.local.replicas import LocalReplica
 
+# Logs are checked against their cap, and Prometheus' targets re-synced, this often.
 ROTATE_EVERY_S = 10.0
 _LIVE = (ReplicaState.STARTING, ReplicaState.READY)
 
@@ -150,6 +151,7 @@ class SupervisionMixin:
         if now - c._rotated_s >= ROTATE_EVERY_S:
             c._rotated_s = now
             c.rotate_logs()
+            c.sync_targets()  # a no-op unless a write failed (disk full) or was missed
 
     def _publish_routes(self, became_ready: list[LocalReplica], died: list[LocalReplica]) -> None:
         """nginx first, then READY: whoever waits for READY (WAIT_READY, then a DRAIN of
@@ -160,8 +162,12 @@ class SupervisionMixin:
         routed = c.door.alive()
         try:
             old = c.sync_router()
-        except Exception as e:  # noqa: BLE001 - nginx refused the reload: nothing is routed
-            c.log(f"front door reload failed: {type(e).__name__}: {e}")
+            c._router_error = None
+        except Exception as e:  # noqa: BLE001 - nginx refused the reload (disk full?): nothing is routed
+            msg = f"front door reload failed: {type(e).__name__}: {e}"
+            if msg != c._router_error:  # once per streak, not every 0.2 s pass
+                c.log(msg + "; retrying")
+            c._router_error = msg
             routed, old = False, set()
         if routed:
             c.door.wait_retired(old, timeout_s=5.0)
