@@ -64,6 +64,10 @@ def test_keys_are_independent_and_forgotten():
     assert b.delay_s("b", 1, 1) == 0
     b.forget("a")
     assert b.delay_s("a", 1, 1) == 0 and len(b) == 0
+    b.restarted("a", 0, 0)
+    b.restarted("b", 0, 0)
+    b.retain({"b", "nginx"})
+    assert len(b) == 1 and b.current_s("b") == 1
 
 
 def test_policy_rejects_initial_above_max():

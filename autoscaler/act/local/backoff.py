@@ -81,5 +81,10 @@ class RestartBackoff:
         """Drop a key (its replica was deleted): the map holds only live keys."""
         self._entries.pop(key, None)
 
+    def retain(self, keys: set[str]) -> None:
+        """Forget every key not in ``keys`` (replicas deleted since)."""
+        for k in [k for k in self._entries if k not in keys]:
+            del self._entries[k]
+
     def __len__(self) -> int:
         return len(self._entries)

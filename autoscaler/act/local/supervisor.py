@@ -152,6 +152,9 @@ class SupervisionMixin:
             c._rotated_s = now
             c.rotate_logs()
             c.sync_targets()  # a no-op unless a write failed (disk full) or was missed
+            with c._lock:
+                live = set(c._replicas) | set(c.infra)
+            c.backoff.retain(live)  # deleted replicas' back-off entries go: the map stays bounded
 
     def _publish_routes(self, became_ready: list[LocalReplica], died: list[LocalReplica]) -> None:
         """nginx first, then READY: whoever waits for READY (WAIT_READY, then a DRAIN of
