@@ -6,7 +6,7 @@ restarts a process. Pure bookkeeping on an injected clock (no I/O), so the
 tests step a virtual clock through minutes of crash loop in microseconds.
 
 The rule is kubelet's container back-off (``kuberuntime``'s ``doBackOff`` on
-client-go's ``flowcontrol.Backoff``), with its defaults:
+client-go's ``flowcontrol.Backoff``; sources in docs/local-processes.md), with its defaults:
 
 * the first exit restarts at once (a lone ``kill -9`` costs a cold start,
   ~2 s, not 10 s) and arms the back-off at ``initial_s`` (10 s);

@@ -27,6 +27,7 @@ outlive what it belongs to:
 
 Logs: children write to files opened in append mode, so ``rotate_log`` can
 copy-and-truncate them in place (logrotate's ``copytruncate``) while they run.
+The documented behaviour each mechanism rests on, with sources: docs/local-processes.md.
 """
 
 from __future__ import annotations
