@@ -172,3 +172,25 @@ def test_spawned_child_is_marked_grouped_and_its_group_swept(tmp_path):
     finally:
         stop_child(proc, 5)
     assert started_from(tmp_path, []) == {}  # the grandchild went with the group
+
+
+def test_the_policy_does_not_count_a_crash_looping_replica_and_places_elsewhere():
+    from autoscaler.mig.layout import Placement
+    from autoscaler.policy.decide import current_capacity
+    from autoscaler.policy.planner import plan
+    from autoscaler.policy.planner.work import HEALTHY
+    from autoscaler.policy.types import ActionKind, ModelSpec
+
+    assert ReplicaState.CRASHLOOP not in HEALTHY
+    lay = (Placement(0, "3g.40gb"), Placement(4, "3g.40gb"))
+    gpus = tuple(GpuState(f"n/{i}", "n", "A100-SXM4-80GB", layout=lay) for i in range(2))
+    spec = ModelSpec("m", {"3g.40gb": 100.0}, ("3g.40gb",), min_replicas=1)
+    looping = Replica("m-1", "m", "3g.40gb", "n/0", 0, ReplicaState.CRASHLOOP, 0.0)
+    cluster = ClusterState(gpus, (looping,))
+    assert current_capacity(spec, cluster)[:2] == (0, 0.0)
+    p = plan([spec], {"m": 50.0}, cluster)
+    creates = [a for a in p.actions if a.kind is ActionKind.CREATE]
+    assert len(creates) == 1 and (creates[0].gpu, creates[0].start) != ("n/0", 0)  # elsewhere
+    # make before break: the crash-looping one goes only after the replacement's WAIT_READY
+    kinds = [(a.kind, a.replica) for a in p.actions]
+    assert kinds.index((ActionKind.DELETE, "m-1")) > kinds.index((ActionKind.WAIT_READY, creates[0].replica))
