@@ -169,6 +169,8 @@ def render_table(status: dict) -> str:
     elif mode == "prometheus-down":
         lines.append(f"prometheus:  {prom} DOWN: the loop holds every model (no scale-down)"
                      f"{_infra_note(status, 'prometheus')}")
+    elif mode == "prometheus-warming":
+        lines.append(f"prometheus:  {prom} restarted: the loop holds every model until it has a whole window")
     else:
         lines.append(f"prometheus:  {prom}{_infra_note(status, 'prometheus')}")
     return "\n".join(lines)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from autoscaler.act.local.cluster import LocalCluster
 from autoscaler.act.local.pids import write_json_atomic
+from autoscaler.act.local.prometheus import SCRAPE_INTERVAL_S, HoldWhileWarming
 from autoscaler.api.app import create_app
 from autoscaler.api.server import ServerHandle, serve_in_thread
 from autoscaler.api.state import ApiState
@@ -77,7 +78,11 @@ class LocalController:
         c = self.cluster
         stale = float(self.cluster_cfg.policy.metrics_stale_s)
         if c.prometheus_url:
-            return PrometheusSource(c.prometheus_url, window_s=self.window_s, metrics_stale_s=stale)
+            # After a Prometheus restart its windows are partial: hold until it has scraped a
+            # whole long window (act/local/prometheus.py says what happened without this).
+            c.prom.warm_s = max(self.window_s, float(self.cluster_cfg.policy.long_window_s)) + 2 * SCRAPE_INTERVAL_S
+            return HoldWhileWarming(
+                PrometheusSource(c.prometheus_url, window_s=self.window_s, metrics_stale_s=stale), c.prom)
 
         def targets() -> dict[str, tuple[str, str]]:
             return {

@@ -194,3 +194,31 @@ def test_the_policy_does_not_count_a_crash_looping_replica_and_places_elsewhere(
     # make before break: the crash-looping one goes only after the replacement's WAIT_READY
     kinds = [(a.kind, a.replica) for a in p.actions]
     assert kinds.index((ActionKind.DELETE, "m-1")) > kinds.index((ActionKind.WAIT_READY, creates[0].replica))
+
+
+def test_a_restarted_prometheus_holds_the_loop_for_a_whole_window(tmp_path):
+    from autoscaler.act.local.prometheus import HoldWhileWarming, PrometheusServer, PrometheusWarming
+
+    class Inner:
+        last_notes = ("n",)
+
+        def read(self, models, replicas, now):
+            return {"m": None}, {}
+
+    server = PrometheusServer(tmp_path, binary=sys.executable)
+    src = HoldWhileWarming(Inner(), server)
+    server.warm_s = 34.0
+    assert src.read(["m"], [], 0.0) == ({"m": None}, {})  # first start: no hold
+    server.started, server.restarted_at = True, time.time() - 10
+    server.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert server.mode == "prometheus-warming"
+        with pytest.raises(PrometheusWarming, match=r"restarted 10s ago; holding 24s more"):
+            src.read(["m"], [], 0.0)
+        server.restarted_at = time.time() - 35
+        assert server.mode == "prometheus" and src.read(["m"], [], 0.0) == ({"m": None}, {})
+        assert src.last_notes == ("n",)
+    finally:
+        server.proc.kill()
+        server.proc.wait()
+    assert server.mode == "prometheus-down"

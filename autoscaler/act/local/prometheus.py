@@ -113,6 +113,9 @@ class PrometheusServer:
         self.run_dir = Path(run_dir).resolve()
         self.proc: subprocess.Popen | None = None
         self.started = False  # start() succeeded and stop() has not run: it should be up
+        self.starts = 0
+        self.restarted_at: float | None = None  # wall time of the last start after the first
+        self.warm_s = 0.0  # after a restart, hold the loop this long (set by the controller)
         self._last: list[dict] | None = None
         self.write_error: str | None = None
         # Drain workers and the tick both rewrite the targets: one writer at a time,
@@ -125,7 +128,15 @@ class PrometheusServer:
         scale-down on what it cannot see); ``direct`` without a binary (direct scrape)."""
         if not self.binary:
             return "direct"
-        return "prometheus-down" if self.started and not self.alive() else "prometheus"
+        if self.started and not self.alive():
+            return "prometheus-down"
+        return "prometheus-warming" if self.warming_s() > 0 else "prometheus"
+
+    def warming_s(self, now: float | None = None) -> float:
+        """Seconds the loop must still hold after a restart (0: its windows are whole again)."""
+        if self.restarted_at is None:
+            return 0.0
+        return max(0.0, self.restarted_at + self.warm_s - (time.time() if now is None else now))
 
     @property
     def program(self) -> str:
@@ -206,6 +217,9 @@ class PrometheusServer:
                 with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
                     if r.status == 200:
                         self.started = True
+                        self.starts += 1
+                        if self.starts > 1:
+                            self.restarted_at = time.time()
                         return
             except OSError:
                 pass
@@ -227,3 +241,32 @@ class PrometheusServer:
     def stop(self, timeout_s: float = 10.0) -> None:
         self.started = False
         stop_child(self.proc, timeout_s, group=False)
+
+
+class PrometheusWarming(ConnectionError):
+    """A restarted Prometheus has not yet scraped for a whole window: the tick is blind."""
+
+
+class HoldWhileWarming:
+    """A MetricsSource that answers only once ``server`` has been back for ``server.warm_s``.
+
+    Until then ``read`` raises, so the loop's tick is blind (``source_ok=False``)
+    and every model holds, with the reason in the decision's notes.
+    """
+
+    def __init__(self, inner, server: PrometheusServer) -> None:
+        self.inner = inner
+        self.server = server
+
+    @property
+    def last_notes(self) -> tuple[str, ...]:
+        return tuple(getattr(self.inner, "last_notes", ()) or ())
+
+    def read(self, models, replicas, now):
+        left = self.server.warming_s()
+        if left > 0:
+            raise PrometheusWarming(
+                f"Prometheus restarted {self.server.warm_s - left:.0f}s ago; holding {left:.0f}s more, "
+                f"until it has scraped a whole {self.server.warm_s:.0f}s window"
+            )
+        return self.inner.read(models, replicas, now)

@@ -265,6 +265,7 @@ function alerts(status) {
     if (st && st.state && st.state !== "up") out.push(`${name} ${st.state}`);
   }
   if (status.metrics_mode === "prometheus-down") out.push("metrics blind: holding");
+  if (status.metrics_mode === "prometheus-warming") out.push("metrics back, windows partial: holding");
   return out.length ? " · " + out.join(" · ") : "";
 }
 
