@@ -188,20 +188,16 @@ def inject(name: str, st: Stack, base: dict) -> dict:
     elif name == "disk_full":
         filler = st.run_dir / "filler"
         t = time.time()
-        with open(filler, "wb") as f:
-            try:
-                while True:
-                    f.write(b"\0" * (1 << 20))
-                    f.flush()
-            except OSError:
-                pass
-        with open(filler, "ab") as f:  # the last bytes too
-            try:
-                while True:
-                    f.write(b"\0" * 512)
-                    f.flush()
-            except OSError:
-                pass
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            for size in (1 << 20, 4096, 1):  # down to the last byte
+                try:
+                    while True:
+                        os.write(fd, b"\0" * size)
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
         time.sleep(30)
         out["controller_alive_when_full"] = bool(st.proc and st.proc.poll() is None)
         s = st.status() or {}
@@ -209,6 +205,7 @@ def inject(name: str, st: Stack, base: dict) -> dict:
         filler.unlink()
         t_freed = time.time()
         done = _until(lambda: (s := st.all_ready(n0)) and s.get("t_s", 0) > t_freed, 120, 0.25)
+        out["fresh_status_after_freeing_s"] = round(time.time() - t_freed, 2) if done else None
     else:  # pragma: no cover
         raise ValueError(name)
     out["t_fault"], out["t_recovered"] = t, (time.time() if done else None)
@@ -229,6 +226,7 @@ def run_fault(name: str, workdir: Path, rate_scale: float) -> dict:
     weights = {m: w * rate_scale for m, w in WEIGHTS.items()}
     loc = Locust(st.frontdoor, models, wd / "locust", weights)
     res: dict = {"fault": name}
+    t_end = None
     try:
         st.up()
         st.wait_ready(5, 240)
@@ -236,7 +234,12 @@ def run_fault(name: str, workdir: Path, rate_scale: float) -> dict:
         time.sleep(WARM_S)
         base = _steady(st, 5)
         res["replicas_at_fault"] = len(base["replicas"])
-        res.update(inject(name, st, base))
+        res["t_fault"] = time.time()
+        try:
+            res.update(inject(name, st, base))
+        except Exception as e:  # noqa: BLE001 - a benchmark fault that went wrong is a result too
+            res["error"] = f"{type(e).__name__}: {e}"
+            res.setdefault("t_recovered", None)
         time.sleep(POST_S)
         t_end = (res["t_recovered"] or time.time()) + POST_S
         res["scale_downs"] = len(st.scale_downs(res["t_fault"], (res["t_recovered"] or time.time()) + 30))
@@ -249,8 +252,9 @@ def run_fault(name: str, workdir: Path, rate_scale: float) -> dict:
         if mounted:
             subprocess.run(["umount", "-l", str(run_dir)], check=False)
     counts = loc.counts()
-    res["requests"] = window(counts, res["t_fault"], t_end)
-    if name == "replica":
+    t_end = t_end or time.time()
+    res["requests"] = window(counts, res.get("t_fault", t_end), t_end)
+    if name == "replica" and "model" in res:
         res["model_failed_20s_after"] = window(counts, res["t_fault"], res["t_fault"] + 20).get(res["model"])
     for k in ("t_fault", "t_recovered"):
         res.pop(k, None)
