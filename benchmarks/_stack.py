@@ -113,7 +113,8 @@ class Stack:
         return [c["pid"] for c in doc.get("children", []) if c.get("kind") == kind]
 
     def scale_downs(self, t0: float, t1: float) -> list[dict]:
-        """DRAIN/DELETE actions for lower demand the loop issued between t0 and t1 (wall clock)."""
+        """Replicas the loop removed for lower demand between t0 and t1 (wall clock): one
+        DELETE each (its DRAIN is the same scale-down)."""
         out = []
         try:
             lines = (self.run_dir / "decisions.jsonl").read_text().splitlines()
@@ -126,7 +127,7 @@ class Stack:
                 continue
             if not (t0 <= float(rec.get("t_s", 0)) <= t1):
                 continue
-            out += [a for a in rec.get("actions", []) if a.get("kind") in ("drain", "delete")
+            out += [a for a in rec.get("actions", []) if a.get("kind") == "delete"
                     and a.get("reason") == "scale_down_demand"]
         return out
 

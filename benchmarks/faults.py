@@ -250,6 +250,9 @@ def run_fault(name: str, workdir: Path, rate_scale: float) -> dict:
         time.sleep(1)
         res.update(left_behind(run_dir))
         if mounted:
+            for f in ("decisions.jsonl", "controller.log"):  # kept for --keep: the tmpfs goes
+                if (run_dir / f).exists():
+                    shutil.copy(run_dir / f, wd / f)
             subprocess.run(["umount", "-l", str(run_dir)], check=False)
     counts = loc.counts()
     t_end = t_end or time.time()

@@ -128,14 +128,29 @@ def spawn(
 
 
 def group_alive(pgid: int) -> bool:
-    """Does any process still belong to process group ``pgid``?"""
+    """Does any live process still belong to process group ``pgid``?
+
+    Zombies do not count: a killed nginx worker orphaned to init stays a zombie
+    until init reaps it (in a container that can be never), but it holds no
+    socket and runs nothing. ``killpg(pgid, 0)`` would count it, so look in /proc.
+    """
     try:
         os.killpg(pgid, 0)
-        return True
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                fields = f.read().decode(errors="replace").rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
 
 
 def kill_group(pgid: int | None, sig: int = signal.SIGKILL) -> None:
