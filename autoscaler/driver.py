@@ -1,20 +1,23 @@
 """The one run loop: ticks a ``ControlLoop`` (or any tickable) on an injected clock.
 
 Place in the loop: the outermost piece, in the loop's layer so that the simulator
-(below ``runtime/``) can use it too. The local controller, the Kubernetes
-controller and the simulator each build a ``ControlLoop`` (or, for the
-simulator's baselines, anything with ``tick()``) and hand it to a ``Driver``;
-none of them schedules ticks itself. The driver owns four things:
+(below ``runtime/``) can use it too. The local controller, the standalone
+metrics API and the simulator each build a ``ControlLoop`` (or, for the
+simulator's baselines and the API's publisher, anything with ``tick()``) and
+hand it to a ``Driver``; none of them schedules ticks itself (the Kubernetes
+controller adopts it next). The driver owns four things:
 
 - **cadence and back-off**: after each tick it waits ``result.next_delay_s``
   (the loop's own exponential back-off after failed ticks). A tick that
   raises -- the loop catches its own errors, so this means a bug or a broken
   hook -- is logged with its traceback, counted in ``tick_errors`` and backed
-  off the same way (``tick_s * 2**k``, at most ``max_backoff_s``);
+  off the same way (``tick_s * 2**k``, at most ``max_backoff_s``). The loop
+  logs and counts the exceptions it catches (``ControlLoop.tick_errors``);
+  ``health().tick_errors`` is both, the one ``migscale_tick_errors_total``;
 - **hooks**: ``before_tick`` (the Kubernetes lease check points the gate),
   ``after_tick`` (publish to the metrics API) and ``idle``, called every
-  ``slice_s`` while waiting (supervision, status files, a simulated world
-  advancing one step). A hook that raises is logged and counted, never fatal;
+  ``slice_s`` while waiting (the local controller's 1 s status refresh). A
+  hook that raises is logged and counted, never fatal;
 - **stopping**: ``run(stop)`` returns within one slice of ``stop`` being set
   (a ``threading.Event`` or a predicate, e.g. "the trace has ended");
 - **health**: ``health()`` says whether the picture the loop publishes is
@@ -24,7 +27,8 @@ none of them schedules ticks itself. The driver owns four things:
   it, so a frozen picture is never served as if it were live.
 
 All time comes from the clock: on a ``VirtualClock`` a ten-minute run is a
-loop of jumps, which is how the simulator and the tests use it.
+loop of jumps, which is how the tests use it; the simulator's clock
+(``sim.run.SimTime``) integrates the simulated world in its ``sleep``.
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ class Health:
     ready: bool
     reason: str
     ticks: int
-    tick_errors: int  # ticks that raised out of the loop
+    tick_errors: int  # ticks that raised, caught inside the loop or out of it
     hook_errors: int
     consecutive_failures: int  # ticks in a row that were not ok (or raised)
     last_tick_s: float | None  # clock time the last completed tick started
@@ -120,7 +124,7 @@ class Driver:
         self._hook("before_tick")
         try:
             result = self.loop.tick()
-        except Exception as exc:  # noqa: BLE001 - a bug must not stop the controller; log, count, back off
+        except Exception as exc:
             log.exception("tick raised")
             with self._lock:
                 self.ticks += 1
@@ -145,7 +149,7 @@ class Driver:
             return
         try:
             fn(*args)
-        except Exception as exc:  # noqa: BLE001 - a broken observer must not stop the loop
+        except Exception as exc:
             log.exception("%s hook raised", name)
             with self._lock:
                 self.hook_errors += 1
@@ -193,7 +197,7 @@ class Driver:
                 ready=ready,
                 reason=reason,
                 ticks=self.ticks,
-                tick_errors=self.tick_errors,
+                tick_errors=self.tick_errors + int(getattr(self.loop, "tick_errors", 0)),
                 hook_errors=self.hook_errors,
                 consecutive_failures=self.consecutive_failures,
                 last_tick_s=self.last_tick_s,

@@ -4,9 +4,9 @@
   (every read raises, as a dead Prometheus does) and a one-shot ``next_error``;
   ``read_calls`` records every read.
 - ``FakeInventory``: a ClusterState you can set; the actuator updates it.
-- ``RecordingActuator``: records ``apply_calls``, fails once with
-  ``next_error``, applies actions to the inventory's ClusterState, and can
-  report ``converging()`` for a number of calls after each apply.
+- ``RecordingActuator``: records ``apply_calls`` and carries them out on the
+  inventory's ClusterState under the actuator contract (``protocols.py``);
+  fails once with ``next_error``; replicas it starts can be made to fail.
 - ``stub_planner``: a deliberately naive stand-in for
   ``autoscaler.policy.planner.core.plan`` (one profile per model, no MIG geometry)
   for tests that exercise the loop rather than placement.
@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from autoscaler.mig import Placement, check_layout, get_product
 from autoscaler.policy.types import (
     Action,
     ActionKind,
@@ -32,6 +33,9 @@ from autoscaler.policy.types import (
     ReplicaSignals,
     ReplicaState,
 )
+from autoscaler.protocols import WAIT, ActionQueue, Chain, InFlight, describe
+
+WHOLE = "whole"  # the planner's profile for a GPU held whole by a multinode group
 
 Script = Callable[[float], Mapping[str, ModelSignals | None]]
 
@@ -90,22 +94,50 @@ class FakeInventory:
 
 
 class RecordingActuator:
-    """Records and applies actions to ``inventory.cluster``.
+    """An in-memory actuator over ``inventory.cluster`` that follows the contract of ``protocols.py``.
 
-    ``next_error``: an Exception is raised by the next ``apply``; a string is
-    returned as that apply's error line (actions are then not applied).
-    ``converge_calls``: after an apply, ``converging()`` answers True this many times.
+    It records every ``apply`` in ``apply_calls`` and then carries the actions
+    out exactly as a backend must (chains, waits, skip-after-error,
+    idempotency, ``in_flight``, ``take_errors``), with the world reduced to a
+    ``ClusterState``: a repartition is instant, and a created replica is READY
+    at once -- or, with ``instant=False``, STARTING until ``settle()`` (which
+    also finishes drains and deletes), so queued work can be observed.
+
+    - ``geometry=False``: a CREATE does not check that its MIG instance exists
+      and is free. Only for loop tests driven by ``stub_planner``, which places
+      without MIG geometry; every other rule still holds.
+    - ``fail_starts``: replica ids (or model names) whose start fails: they end
+      FAILED instead of READY, as a crash-looping pod does.
+    - ``next_error``: an Exception is raised by the next ``apply``; a string is
+      returned as that apply's only error line and nothing is applied.
+    - ``converge_calls``: emulate an actuator that can only say ``converging()``:
+      ``in_flight()`` answers None and, after each apply, ``converging()``
+      answers True this many times.
     """
 
-    def __init__(self, inventory: FakeInventory | None = None, converge_calls: int = 0) -> None:
+    def __init__(
+        self,
+        inventory: FakeInventory | None = None,
+        converge_calls: int = 0,
+        *,
+        geometry: bool = True,
+        instant: bool = True,
+        fail_starts: Iterable[str] = (),
+    ) -> None:
         self.inventory = inventory or FakeInventory()
         self.apply_calls: list[tuple[Action, ...]] = []
         self.next_error: Exception | str | None = None
         self.converge_calls = converge_calls
+        self.geometry = geometry
+        self.instant = instant
+        self.fail_starts = set(fail_starts)
+        self.queue = ActionQueue()
         self._converging_left = 0
+        self._deleting: set[str] = set()  # replicas whose DELETE waits for settle() (instant=False)
         self._seq = 0
         self.now_s = 0.0  # stamped on created replicas (``since_s``) by the planner's helper
 
+    # ------------------------------------------------------------ Actuator
     def apply(self, actions: Sequence[Action]) -> list[str]:
         self.apply_calls.append(tuple(actions))
         if self.next_error is not None:
@@ -113,15 +145,179 @@ class RecordingActuator:
             if isinstance(err, Exception):
                 raise err
             return [err]
-        self.inventory.cluster = self.apply_to(self.inventory.cluster, actions)
+        self.queue.run(self._step, self.now_s)
+        fresh = self.queue.submit(actions, self._owner)
+        errors = self.queue.run(self._step, self.now_s, fresh)
         self._converging_left = self.converge_calls
-        return []
+        return errors
+
+    def in_flight(self) -> InFlight | None:
+        if self.converge_calls:
+            return None
+        self.queue.run(self._step, self.now_s)  # chains a DELETE unblocked move on first
+        gpus, models = self.queue.busy(self._owner)
+        for r in self.inventory.cluster.replicas:
+            if r.state is ReplicaState.DRAINING or r.id in self._deleting:
+                gpus.add(r.gpu)
+        return frozenset(gpus), frozenset(models)
+
+    def take_errors(self) -> list[str]:
+        return self.queue.take_errors()
 
     def converging(self) -> bool:
         if self._converging_left > 0:
             self._converging_left -= 1
             return True
-        return False
+        return bool(self.queue) or any(
+            r.state in (ReplicaState.STARTING, ReplicaState.DRAINING) for r in self.inventory.cluster.replicas
+        )
+
+    def settle(self) -> None:
+        """Let time pass (``instant=False``): starts finish, deleted replicas go, queued chains move on."""
+        reps = []
+        for r in self.inventory.cluster.replicas:
+            if r.id in self._deleting:
+                continue
+            if r.state is ReplicaState.STARTING:
+                failed = r.id in self.fail_starts or r.model in self.fail_starts
+                r = dataclasses.replace(r, state=ReplicaState.FAILED if failed else ReplicaState.READY)
+            reps.append(r)
+        self._deleting.clear()
+        self._set(replicas=reps)
+        self.queue.run(self._step, self.now_s)
+
+    # ------------------------------------------------------------ one action
+    def _owner(self, rid: str) -> tuple[str, str] | None:
+        r = self._replica(rid)
+        return (r.gpu, r.model) if r is not None else None
+
+    def _replica(self, rid: str | None) -> Replica | None:
+        return next((r for r in self.inventory.cluster.replicas if r.id == rid), None)
+
+    def _set(self, *, gpus: Sequence[GpuState] | None = None, replicas: Sequence[Replica] | None = None) -> None:
+        c = self.inventory.cluster
+        self.inventory.cluster = ClusterState(
+            gpus=tuple(gpus) if gpus is not None else c.gpus,
+            replicas=tuple(replicas) if replicas is not None else c.replicas,
+        )
+
+    def _step(self, a: Action, chain: Chain, now: float) -> str | None:
+        k = a.kind
+        if k is ActionKind.CREATE:
+            return self._create(a, chain)
+        if k is ActionKind.WAIT_READY:
+            targets = [a.replica] if a.replica else list(chain.created)
+            if not targets and a.gpu is not None and a.start is not None:
+                targets = [r.id for r in self.inventory.cluster.replicas
+                           if (r.gpu, r.start) == (a.gpu, a.start) and a.model in (None, r.model)]
+            for rid in targets:
+                r = self._replica(rid)
+                if r is None:
+                    return f"{describe(a)}: replica {rid} does not exist"
+                if r.state is ReplicaState.FAILED:
+                    return f"{describe(a)}: replica {rid} failed to start"
+                if r.state is not ReplicaState.READY:
+                    return WAIT
+            return None
+        r = self._replica(a.replica)
+        if k is ActionKind.DRAIN:
+            if r is not None:
+                self._draining(r.id)
+            return None
+        if k is ActionKind.DELETE:
+            if r is None:
+                return None  # already gone: deleting is idempotent
+            if self.instant:
+                self._set(replicas=[x for x in self.inventory.cluster.replicas if x.id != r.id])
+            else:
+                self._deleting.add(r.id)
+                self._draining(r.id)
+            return None
+        if k is ActionKind.REPARTITION:
+            return self._repartition(a)
+        return f"{describe(a)}: not supported"
+
+    def _draining(self, rid: str) -> None:
+        self._set(replicas=[dataclasses.replace(x, state=ReplicaState.DRAINING, since_s=self.now_s)
+                            if x.id == rid and x.state is not ReplicaState.DRAINING else x
+                            for x in self.inventory.cluster.replicas])
+
+    def _create(self, a: Action, chain: Chain) -> str | None:
+        c = self.inventory.cluster
+        gpu = next((g for g in c.gpus if g.id == a.gpu), None)
+        if a.model is None or a.profile is None or a.start is None:
+            return f"{describe(a)}: CREATE needs model, gpu, profile and start"
+        existing = self._replica(a.replica)
+        if existing is not None:
+            same = (existing.gpu, existing.start, existing.model, existing.profile) == (
+                a.gpu, a.start, a.model, a.profile)
+            if same:
+                chain.created.append(existing.id)
+                return None  # applied again after it took effect: nothing to do
+            return f"{describe(a)}: replica id {a.replica} already exists on {existing.gpu}@{existing.start}"
+        if self.geometry:
+            if gpu is None:
+                return f"{describe(a)}: unknown gpu {a.gpu!r}"
+            if a.profile == WHOLE:
+                if gpu.mig_enabled:
+                    return f"{describe(a)}: {gpu.id} is in MIG mode; a whole-GPU member needs REPARTITION whole first"
+            elif not gpu.mig_enabled or Placement(a.start, a.profile) not in gpu.layout:
+                return f"{describe(a)}: {gpu.id} has no MIG instance {Placement(a.start, a.profile)} (carve it first)"
+            occ = self._occupant(gpu, a.profile, a.start)
+            if occ is not None:
+                if occ.state is ReplicaState.DRAINING or occ.id in self._deleting:
+                    return WAIT
+                return f"{describe(a)}: instance taken by {occ.id}"
+        self._seq += 1
+        rid = a.replica or f"{a.model}-{self._seq}"
+        state = ReplicaState.STARTING
+        if self.instant:
+            failed = rid in self.fail_starts or a.model in self.fail_starts
+            state = ReplicaState.FAILED if failed else ReplicaState.READY
+        rep = Replica(rid, a.model, a.profile, a.gpu or "", a.start, state, self.now_s)
+        self._set(replicas=[*c.replicas, rep])
+        chain.created.append(rid)
+        return None
+
+    def _occupant(self, gpu: GpuState, profile: str, start: int) -> Replica | None:
+        if profile == WHOLE or not gpu.mig_enabled:
+            return next((r for r in self.inventory.cluster.replicas if r.gpu == gpu.id), None)
+        product = get_product(gpu.product)
+        span = set(product.profile(profile).span(start))
+        for r in self.inventory.cluster.replicas:
+            if r.gpu == gpu.id and r.profile in product.profiles and span & set(product.profile(r.profile).span(r.start)):
+                return r
+        return None
+
+    def _repartition(self, a: Action) -> str | None:
+        c = self.inventory.cluster
+        gpu = next((g for g in c.gpus if g.id == a.gpu), None)
+        if gpu is None:
+            return f"{describe(a)}: unknown gpu {a.gpu!r}"
+        whole = a.profile == WHOLE
+        target = () if whole else tuple(sorted(a.layout or ()))
+        if not whole:
+            problems = check_layout(get_product(gpu.product), target)
+            if problems:
+                return f"{describe(a)}: invalid layout: {'; '.join(problems)}"
+            if gpu.mig_enabled and target == tuple(sorted(gpu.layout)):
+                return None  # already so
+        elif not gpu.mig_enabled and gpu.reserved_by == a.model:
+            return None
+        for r in c.replicas:
+            if r.gpu != gpu.id or (not whole and gpu.mig_enabled and Placement(r.start, r.profile) in target):
+                continue
+            if r.state is ReplicaState.DRAINING or r.id in self._deleting or self._removal_queued(r.id):
+                return WAIT
+            return f"{describe(a)}: instance {r.profile}@{r.start} still serves {r.id}"
+        new = dataclasses.replace(gpu, layout=target, mig_enabled=not whole,
+                                  reserved_by=a.model if whole else None)
+        self._set(gpus=[new if g.id == gpu.id else g for g in c.gpus])
+        return None
+
+    def _removal_queued(self, rid: str) -> bool:
+        return any(x.kind in (ActionKind.DRAIN, ActionKind.DELETE) and x.replica == rid
+                   for ch in self.queue.chains for x in ch.actions)
 
     def apply_to(self, cluster: ClusterState, actions: Sequence[Action]) -> ClusterState:
         """Created replicas are READY at once, deletes remove, repartitions set the layout.

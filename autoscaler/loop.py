@@ -2,18 +2,18 @@
 
 ``ControlLoop.tick()`` reads the inventory and the metrics source, hands an
 ``Observation`` to the pure ``decide`` and passes the plan's actions to the
-actuator. Three rules keep it safe:
+actuator (under the contract in ``protocols.py``). ``driver.Driver`` runs the
+ticks; this module is one tick. Three rules keep it safe:
 
-- a gate: what is still converging (replicas starting, drains,
-  repartitions) is only observed, never acted on again -- so the loop never
-  acts on a half-applied plan. An actuator that can say *what* is in flight
-  (an optional ``in_flight() -> (gpus, models)``) gets a per-GPU/per-model
-  gate: the loop decides every tick and drops only the actions that touch a
-  busy GPU or model, together with every action linked to them through a
-  shared GPU or model (``hold_in_flight``); those models report
-  ``HOLD_CONVERGING``. Worked number: a 180 s repartition of one GPU used to
-  freeze all 12 models for 36 ticks of 5 s; now only the models on that GPU
-  wait. An actuator without the hook keeps the global gate: while
+- a gate per GPU and per model: what is still in flight (the actuator's
+  ``in_flight()``: repartitions, drains, queued actions) is only observed,
+  never acted on again. The loop decides every tick and drops only the
+  actions that touch a busy GPU or model, together with every action linked
+  to them through a shared GPU or model (``hold_in_flight``); those models
+  report ``HOLD_CONVERGING``, and the planner leaves busy GPUs alone. Worked
+  number: a 180 s repartition of one GPU holds only the models on that GPU for
+  its 12 ticks of 15 s; the other models keep scaling. An actuator whose
+  ``in_flight()`` answers None gets the global gate instead: while it is
   ``converging()`` the tick only observes (windows stay current, nothing is
   issued);
 - a metrics outage is not an error: the observation is marked
@@ -21,6 +21,11 @@ actuator. Three rules keep it safe:
 - any exception inside a tick is caught and reported in the ``TickResult``;
   the next tick is delayed by an exponential back-off (tick_s * 2**k, capped
   at ``max_backoff_s``) and the loop carries on.
+
+Errors of actions an earlier tick queued (``take_errors()``) are reported in
+``TickResult.late_errors``: they belong to a decision already made, so they
+neither fail this tick nor back it off -- the plan of this tick starts from
+what the failure left behind, as a level-triggered controller does.
 
 Each decision is appended as one JSON line to the decision log, which is
 what ``migscale explain`` reads.
@@ -30,7 +35,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -42,7 +46,9 @@ from typing import Any
 from autoscaler.clock import Clock
 from autoscaler.policy.decide import PolicyConfig, PolicyState, decide, observe_only
 from autoscaler.policy.types import Action, ClusterState, Observation, Plan, Reason
-from autoscaler.protocols import Actuator, Inventory, MetricsSource
+from autoscaler.protocols import Actuator, Inventory, MetricsSource, action_groups, action_keys
+
+__all__ = ["ControlLoop", "TickResult", "action_groups", "action_json", "decision_record", "hold_in_flight"]
 
 log = logging.getLogger("migscale.loop")
 
@@ -57,6 +63,7 @@ class TickResult:
     plan: Plan | None = None
     actions: tuple[Action, ...] = ()
     errors: tuple[str, ...] = ()
+    late_errors: tuple[str, ...] = ()  # queued actions of earlier ticks that failed since (never fail this tick)
     notes: tuple[str, ...] = ()
     reasons: Mapping[str, tuple[Reason, ...]] = field(default_factory=dict)
     next_delay_s: float = 0.0
@@ -122,7 +129,7 @@ class ControlLoop:
             self.failures += 1
             # 5 s tick: 10, 20, 40 ... s after 1, 2, 3 failures in a row, at most max_backoff_s
             delay = min(self.max_backoff_s, self.config.tick_s * (2**self.failures))
-        result = _with_delay(result, delay)
+        result = replace(result, next_delay_s=delay, late_errors=self._late_errors())
         self.last_result = result
         self._log(result)
         if self.on_tick is not None:
@@ -215,26 +222,18 @@ class ControlLoop:
         )
 
     def _in_flight(self) -> tuple[frozenset[str], frozenset[str]] | None:
-        """(busy GPUs, busy models) from the actuator's optional hook; None: no answer (global gate)."""
-        hook = getattr(self.actuator, "in_flight", None)
-        got = hook() if hook is not None else None
-        if got is None:  # no hook, or the actuator cannot tell right now
+        """(busy GPUs, busy models); None: the actuator cannot tell (global gate)."""
+        got = self.actuator.in_flight()
+        if got is None:
             return None
         gpus, models = got
         return frozenset(gpus), frozenset(models)
 
-    # ------------------------------------------------------------------ run
-
-    def run(self, stop: threading.Event) -> None:
-        """Tick until ``stop`` is set; sleeps through the clock in short slices so
-        a stop request is honoured within half a second."""
-        while not stop.is_set():
-            result = self.tick()
-            remaining = result.next_delay_s
-            while remaining > 0 and not stop.is_set():
-                step = min(0.5, remaining)
-                self.clock.sleep(step)
-                remaining -= step
+    def _late_errors(self) -> tuple[str, ...]:
+        try:
+            return tuple(self.actuator.take_errors())
+        except Exception as exc:  # noqa: BLE001 - a report that cannot be read must not fail the tick
+            return (f"take_errors: {type(exc).__name__}: {exc}",)
 
     # ------------------------------------------------------------------ log
 
@@ -250,38 +249,6 @@ class ControlLoop:
         except OSError as exc:
             # losing a log line must not stop scaling; keep the error visible
             self.last_log_error = str(exc)
-
-
-def action_groups(
-    actions: Sequence[Action], owner: Callable[[str], tuple[str, str] | None]
-) -> list[int]:
-    """Group index per action: actions sharing a GPU or a model are linked (transitively).
-
-    ``owner(replica_id)`` gives (gpu, model) of a replica an action names
-    without saying where it is. An action that names nothing links to every
-    other (one group), so an unknown dependency is never cut.
-    """
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        while parent.setdefault(x, x) != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    keys: list[list[str]] = []
-    for a in actions:
-        where = owner(a.replica) if a.replica is not None else None
-        gpu = a.gpu if a.gpu is not None else (where[0] if where else None)
-        model = a.model if a.model is not None else (where[1] if where else None)
-        keys.append([k for k in (gpu and f"g:{gpu}", model and f"m:{model}") if k] or ["*"])
-    if any(k == ["*"] for k in keys):
-        return [0] * len(actions)
-    for k in keys:
-        for other in k[1:]:
-            parent[find(other)] = find(k[0])
-    ids: dict[str, int] = {}
-    return [ids.setdefault(find(k[0]), len(ids)) for k in keys]
 
 
 def hold_in_flight(
@@ -308,9 +275,7 @@ def hold_in_flight(
     groups = action_groups(actions, owner)
     bad: set[int] = set()
     for a, g in zip(actions, groups):
-        where = owner(a.replica) if a.replica is not None else None
-        gpu = a.gpu if a.gpu is not None else (where[0] if where else None)
-        model = a.model if a.model is not None else (where[1] if where else None)
+        gpu, model = action_keys(a, owner)
         if gpu in busy_gpus or model in busy_models:
             bad.add(g)
     kept: list[Action] = []
@@ -326,10 +291,6 @@ def hold_in_flight(
     return tuple(kept), frozenset(held)
 
 
-def _with_delay(r: TickResult, delay: float) -> TickResult:
-    return replace(r, next_delay_s=delay)
-
-
 def decision_record(result: TickResult, state: PolicyState) -> dict[str, Any]:
     """One decision-log line: time, per-model inputs, reasons, actions, errors."""
     plan = result.plan
@@ -340,6 +301,7 @@ def decision_record(result: TickResult, state: PolicyState) -> dict[str, Any]:
         "held": list(result.held),
         "source_ok": result.source_ok,
         "errors": list(result.errors),
+        "late_errors": list(result.late_errors),
         "notes": [n for n in result.notes if "Traceback" not in n],
         "reasons": {m: [r.value for r in rs] for m, rs in result.reasons.items()},
         "models": {} if result.gated else {m: d.to_json() for m, d in state.diagnostics.items()},

@@ -42,6 +42,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoscaler.clock import VirtualClock, WallClock
+from autoscaler.driver import Driver
 from autoscaler.loop import ControlLoop
 from autoscaler.policy.decide import PolicyConfig
 from autoscaler.policy.hpa import PolicyType, ScalingPolicy, ScalingRules, SelectPolicy
@@ -55,6 +56,7 @@ from autoscaler.policy.types import (
     ReplicaState,
 )
 from autoscaler.sim.cluster import SimCluster, SimConfig
+from autoscaler.sim.run import SimTime
 from loadtests.shapes import Step
 
 REPO = Path(__file__).resolve().parents[1] / "triton_models"
@@ -191,9 +193,9 @@ def run_real(shape: Step, run_dir: Path) -> dict[str, Any]:
     try:
         c.start()
         t_create = time.monotonic()
-        errs = c.apply([Action(ActionKind.CREATE, Reason.MIN_REPLICAS, gpu=GPU, model="resnet",
-                               profile="1g.10gb", start=6),
-                        Action(ActionKind.WAIT_READY, Reason.MIN_REPLICAS)])
+        errs = c.apply_and_wait([Action(ActionKind.CREATE, Reason.MIN_REPLICAS, gpu=GPU, model="resnet",
+                                        profile="1g.10gb", start=6),
+                                 Action(ActionKind.WAIT_READY, Reason.MIN_REPLICAS)])
         start_s = time.monotonic() - t_create
         if errs:
             raise RuntimeError(f"initial replica failed: {errs}")
@@ -212,7 +214,8 @@ def run_real(shape: Step, run_dir: Path) -> dict[str, Any]:
                                            if r.state is ReplicaState.READY}, window_s=6.0)
             source_name = "scrape"
         loop = ControlLoop(source, c, c, policy(), WallClock())
-        loop_thread = threading.Thread(target=loop.run, args=(stop,), daemon=True)
+        driver = Driver(loop, WallClock(), tick_s=loop.config.tick_s)
+        loop_thread = threading.Thread(target=driver.run, args=(stop,), daemon=True)
         t0 = time.monotonic()
         loop_thread.start()
         load = OpenLoopLoad(c.frontdoor_url, shape)
@@ -251,17 +254,16 @@ def run_sim(shape: Step, start_delay_s: float, step_s: float = 1.0,
                          service_rps={"resnet": service_rps} if service_rps else None, record_sojourns=True)
     loop = ControlLoop(cluster, cluster, cluster, spec, clock)
     timeline = []
-    next_tick = 0.0
-    n = int(shape.duration_s / step_s) + 5
-    for k in range(n):
-        now = clock.now()
-        if now >= next_tick - 1e-9:
-            next_tick += loop.tick().next_delay_s
+
+    def record(_k: int) -> None:
         snap = cluster.snapshot()
         live = sum(1 for r in snap.replicas if r.state in (ReplicaState.STARTING, ReplicaState.READY))
         ready = sum(1 for r in snap.replicas if r.state == ReplicaState.READY)
-        timeline.append((now, live, ready))
-        cluster.advance(np.array([shape.total_rps(now + 0.5 * step_s)]))
+        timeline.append((clock.now(), live, ready))
+
+    n = int(shape.duration_s / step_s) + 5
+    time_ = SimTime(cluster, n, lambda _k: np.array([shape.total_rps(clock.now() + 0.5 * step_s)]), record)
+    Driver(loop, time_, tick_s=spec.tick_s, slice_s=step_s).run(time_.ended)
     def p99_ms(t0: float, t1: float) -> float | None:
         v = cluster.sojourn_quantile("resnet", t0, t1, 0.99)
         return None if v is None else v * 1000.0

@@ -24,10 +24,11 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as th
 
-from autoscaler.act.local.emulation import emulation_env
 from autoscaler.act.local.cluster import LocalCluster
+from autoscaler.act.local.emulation import emulation_env
 from autoscaler.act.local.replicas import ModelRuntime
 from autoscaler.act.local.triton import TritonProcess
+from autoscaler.mig.layout import Placement
 from autoscaler.policy.types import Action, ActionKind, GpuState, Reason
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,11 +112,16 @@ def latency(cluster: LocalCluster, model: str, n: int) -> dict:
     }
 
 
+LAYOUTS = {"1g.10gb": (Placement(4, "1g.10gb"), Placement(5, "1g.10gb"), Placement(6, "1g.10gb")),
+           "7g.80gb": (Placement(0, "7g.80gb"),)}
+
+
 def run_cluster(work: Path, emulate: bool, profile: str, models: tuple[str, ...]) -> LocalCluster:
     c = LocalCluster(
         work,
         {m: ModelRuntime(m, REPO, m) for m in models},
-        [GpuState(GPU, "bench", "A100-SXM4-80GB")],
+        # the instances the replicas use, carved up front (a CREATE needs its instance)
+        [GpuState(GPU, "bench", "A100-SXM4-80GB", layout=LAYOUTS[profile])],
         prometheus="off",
         emulate=emulate,
     )
@@ -125,7 +131,7 @@ def run_cluster(work: Path, emulate: bool, profile: str, models: tuple[str, ...]
         Action(ActionKind.CREATE, R, gpu=GPU, model=m, profile=profile, start=s)
         for m, s in zip(models, starts)
     ]
-    errs = c.apply(acts + [Action(ActionKind.WAIT_READY, R)])
+    errs = c.apply_and_wait(acts + [Action(ActionKind.WAIT_READY, R)])
     if errs:
         c.stop()
         raise SystemExit(f"could not start replicas: {errs}")

@@ -46,7 +46,7 @@ PRODUCTS = ("A100-SXM4-80GB", "H100-SXM5-80GB", "A100-SXM4-40GB", "H200-141GB")
 
 
 def random_model(rng: random.Random, name: str, product: str) -> ModelSpec:
-    """A model whose capacity table follows the shapes in FACTS.md §2.
+    """A model whose capacity table follows the shapes in docs/profile-throughput.md.
 
     light: batch-1 bound, small slices win (1g..7g gain only 1.2-2.5x);
     medium: throughput roughly linear in slices; heavy: needs >= 3g memory.

@@ -2,7 +2,7 @@
 
 Every policy runs in the same simulator (``autoscaler/sim``) on the same
 seeded 24 h mixed trace, 12 models with capacity tables shaped like the
-MIGPerf measurements (FACTS.md §2, ``sim/scenarios.py``), 16 A100-80GB GPUs.
+MIGPerf measurements (docs/profile-throughput.md, ``sim/scenarios.py``), 16 A100-80GB GPUs.
 Prints ONE JSON object::
 
     {"policies": {NAME: {slo_attainment, per_model, gpu_hours, slice_hours,

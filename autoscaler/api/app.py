@@ -11,7 +11,8 @@ Routes:
 * ``/apis``, ``/apis/custom.metrics.k8s.io[/v1beta1|/v1beta2]``,
   ``/apis/external.metrics.k8s.io[/v1beta1]`` -- discovery, as the aggregator expects;
 * custom and external metric values (:mod:`custom`, :mod:`external`);
-* ``/metrics`` (:mod:`promexport`), ``/healthz``, ``/readyz`` (503 until the first tick);
+* ``/metrics`` (:mod:`promexport`), ``/healthz``, ``/readyz`` (503 before the first tick, and
+  while the run loop has stopped, died, or published nothing for longer than its bound);
 * ``/v1/plan``, ``/v1/status``, ``/v1/history`` -- JSON for people and the web view;
 * ``/ui`` -- the web view (:mod:`ui`).
 """
@@ -103,10 +104,12 @@ def create_app(state: ApiState, settings: ApiSettings | None = None) -> FastAPI:
         return _json(ok)
 
     @app.get("/readyz", response_model=schemas.Health, tags=["health"], operation_id="readyz",
-             responses={503: {"model": schemas.StatusModel, "description": "no control tick published yet"}})
+             responses={503: {"model": schemas.StatusModel,
+                              "description": "no current picture: no tick yet, the loop stopped, or it is stale"}})
     def _readyz() -> Response:
-        if not state.ready:
-            return status_response(503, "no control tick published yet", "ServiceUnavailable")
+        ready, why = state.readiness()
+        if not ready:
+            return status_response(503, why, "ServiceUnavailable")
         return _json(ok)
 
     @app.get("/metrics", tags=["metrics"], operation_id="metrics",

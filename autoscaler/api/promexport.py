@@ -10,7 +10,10 @@ collide.
 
 Counters and histograms are updated by :meth:`ApiState.update` through a
 listener; gauges are read from the current snapshot at scrape time, so a
-model that disappears stops being exported instead of freezing at its last value.
+model that disappears stops being exported instead of freezing at its last
+value, and a stale snapshot (``ApiState.max_age_s``) exports none of its
+values. ``migscale_tick_errors_total`` comes from the run loop's health: ticks
+that raised (each logged with its traceback and backed off).
 """
 
 from __future__ import annotations
@@ -55,10 +58,11 @@ class _SnapshotCollector(Collector):
                                 value=snap.gpus_in_use)
         yield GaugeMetricFamily("migscale_slices_in_use", "MIG compute slices held by replicas",
                                 value=snap.slices_in_use)
-        yield GaugeMetricFamily("migscale_ready", "1 once the first control tick was published",
-                                value=1 if snap.ready else 0)
-        yield CounterMetricFamily("migscale_tick_errors", "Control ticks that raised (traceback in the controller log)",
-                                  value=self.state.tick_errors)
+        yield GaugeMetricFamily("migscale_ready", "1 while a current picture is published (see /readyz)",
+                                value=1 if self.state.ready else 0)
+        if self.state.health is not None:
+            yield CounterMetricFamily("migscale_tick_errors", "Control ticks that raised (traceback in the controller log)",
+                                      value=self.state.health().tick_errors)
         if snap.t_s is not None:
             yield GaugeMetricFamily("migscale_last_tick_timestamp_seconds", "Time of the last published tick",
                                     value=snap.t_s)

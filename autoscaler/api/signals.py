@@ -1,6 +1,6 @@
 """Which metrics the API serves, and the value that steers the HPA.
 
-Part of the export step. The HPA (FACTS.md §6) computes, for a ``type: Pods``
+Part of the export step. The HPA (docs/hpa.md) computes, for a ``type: Pods``
 metric with an ``AverageValue`` target ``t``::
 
     ratio   = avg(pod values) / t                 (milli-precision integers)

@@ -1,178 +1,142 @@
-"""What the API serves, rebuilt once per control tick.
+"""What the API serves: the current snapshot, its freshness and the history, per control tick.
 
 Part of the export step: the controller calls :meth:`ApiState.update` at the
 end of every tick with the tick's Observation, Plan and ClusterState. Update
-builds an immutable :class:`Snapshot` -- every pod and object the custom
-metrics API knows, each metric value as integer milli-units, and an index from
-``(label key, value)`` to pod names -- and swaps it in under a lock. Request
-handlers read the current snapshot without locking (one attribute read), so a
-request costs a dict lookup plus the pods of one Deployment, and the usual HPA
-query (the same selector every 15 s) is answered from a per-snapshot cache of
-encoded bytes.
+builds an immutable :class:`Snapshot` (``snapshot.py``: every pod and object
+the custom metrics API knows, each metric value as integer milli-units, an
+index from ``(label key, value)`` to pod names) and swaps it in under a lock.
+Request handlers read the current snapshot without locking (one attribute
+read), so a request costs a dict lookup plus the pods of one Deployment, and
+the usual HPA query (the same selector every 15 s) is answered from a
+per-snapshot cache of encoded bytes.
 
-Object naming (what ``k8s/`` and the Kubernetes actuator use):
-
-* Deployment per (model, profile): ``{model}-{profile}`` with ``.``/``+`` -> ``-``
-  (``resnet`` on ``1g.10gb`` -> ``resnet-1g-10gb``);
-* LeaderWorkerSet per multinode model: ``{model}``;
-* pods are named by replica id and carry the labels the rendered workload
-  gives its pods (``autoscaler.act.kubernetes.render.labels``: ``app.kubernetes.io/
-  managed-by=migscale``, ``app.kubernetes.io/name=migscale``,
-  ``app.kubernetes.io/component=triton``, ``migscale.io/model``,
-  ``migscale.io/profile``) plus ``migscale.io/deployment=<workload name>``, so
-  the HPA's selector (the workload's ``spec.selector``) selects the same pods.
-
-Only replicas in state starting or ready are pods here: a draining replica is
-a terminating pod and a failed one a failed pod, and the HPA counts neither --
-serving them would make ``current`` disagree with the HPA's count.
-A value that is unknown (no plan yet, metric absent or stale) is simply not in
-the snapshot: the API answers 404 or an empty list, never 0.
+Freshness: a snapshot older than ``max_age_s`` (the controller stopped, died,
+or is stuck in a slow tick) is served as its *stale view*: the same pods and
+objects with every value removed, so the HPA finds each metric absent and
+holds its replica count (``docs/hpa.md``) instead of steering on a frozen
+number. ``readiness()`` (``/readyz``) also asks the run loop's ``health``.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
-from autoscaler.act.kubernetes.render import LWS_WORKER_INDEX, MODEL_LABEL, PROFILE_LABEL
-from autoscaler.act.kubernetes.render import labels as k8s_labels
-from autoscaler.api import signals as sig
-from autoscaler.api.quantity import to_milli
-from autoscaler.api.views import (
-    cluster_json,
-    deployment_name,
-    finite,
-    models_json,
-    plan_json,
-    slo_from_status,
+from autoscaler.api.snapshot import (
+    LABEL_DEPLOYMENT,
+    LABEL_LWS_NAME,
+    LABEL_MODEL,
+    LABEL_PROFILE,
+    OBJECT_RESOURCES,
+    RES_DEPLOYMENTS,
+    RES_LWS,
+    RES_PODS,
+    ExternalItem,
+    ObjectEntry,
+    PodEntry,
+    Snapshot,
+    Value,
+    build_snapshot,
+    dumps,
+    stale_view,
 )
-from autoscaler.mig.products import PRODUCTS
-from autoscaler.policy.types import ClusterState, ModelSpec, Observation, Plan, ReplicaState
+from autoscaler.api.views import cluster_json, finite, models_json, plan_json, slo_from_status
+from autoscaler.clock import Clock, WallClock
+from autoscaler.policy.types import ClusterState, ModelSpec, Observation, Plan
 
-try:  # orjson is 5-10x faster; the stdlib is the fallback
-    import orjson
-
-    def dumps(obj: Any) -> bytes:
-        return orjson.dumps(obj)
-
-except ImportError:  # pragma: no cover - exercised only without orjson
-    import json
-
-    def dumps(obj: Any) -> bytes:
-        return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
-
-
-LABEL_MODEL = MODEL_LABEL
-LABEL_PROFILE = PROFILE_LABEL
-LABEL_DEPLOYMENT = "migscale.io/deployment"
-LABEL_LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
-
-RES_PODS = "pods"
-RES_DEPLOYMENTS = "deployments.apps"
-RES_LWS = "leaderworkersets.leaderworkerset.x-k8s.io"
-OBJECT_RESOURCES = {
-    RES_DEPLOYMENTS: ("Deployment", "apps/v1"),
-    RES_LWS: ("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1"),
-}
+# the snapshot's names, for the routes that read it (custom.py, external.py, promexport.py)
+__all__ = [
+    "LABEL_DEPLOYMENT", "LABEL_LWS_NAME", "LABEL_MODEL", "LABEL_PROFILE", "OBJECT_RESOURCES", "RES_DEPLOYMENTS",
+    "RES_LWS", "RES_PODS", "ApiState", "ExternalItem", "LoopHealth", "ObjectEntry", "PodEntry", "Snapshot",
+    "Value", "build_snapshot", "dumps", "stale_view",
+]
 
 HISTORY_S = 600.0  # the web view's sparklines span 10 minutes
 _HISTORY_MAX_POINTS = 1200  # 10 min at a 0.5 s tick; bounds memory whatever the tick
-_CACHE_MAX = 20_000  # encoded responses kept per snapshot; cleared when full
 
 
-Value = tuple[int, float]  # (milli-units, sample time epoch seconds)
+class LoopHealth(Protocol):
+    """What the API needs of the run loop's health (``driver.Health``)."""
 
+    @property
+    def ready(self) -> bool: ...
 
-@dataclass
-class PodEntry:
-    name: str
-    resource: str  # resource of the owning object (deployments.apps | leaderworkersets...)
-    owner: str
-    model: str
-    profile: str
-    labels: dict[str, str]
-    values: dict[str, Value] = field(default_factory=dict)
+    @property
+    def reason(self) -> str: ...
 
-
-@dataclass
-class ObjectEntry:
-    resource: str
-    name: str
-    model: str
-    profile: str
-    pods: list[str] = field(default_factory=list)
-    values: dict[str, Value] = field(default_factory=dict)
-
-
-@dataclass
-class ExternalItem:
-    labels: dict[str, str]
-    value: Value
-
-
-@dataclass
-class Snapshot:
-    """Everything one request needs; never mutated after publication (except ``cache``)."""
-
-    namespace: str
-    t_s: float | None = None
-    ready: bool = False
-    window_s: int | None = None
-    pods: dict[str, PodEntry] = field(default_factory=dict)
-    index: dict[tuple[str, str], list[str]] = field(default_factory=dict)
-    objects: dict[tuple[str, str], ObjectEntry] = field(default_factory=dict)
-    namespace_values: dict[str, Value] = field(default_factory=dict)
-    external: dict[str, list[ExternalItem]] = field(default_factory=dict)
-    plan_body: bytes = b'{"t_s":null,"plan":null,"cluster":{"gpus":[],"replicas":[]},"models":[]}'
-    status_body: bytes = b"null"
-    history_body: bytes = b'{"window_s":600.0,"models":{}}'
-    # counts for /metrics: (model, profile, state) -> n, and cluster usage
-    replica_counts: dict[tuple[str, str, str], int] = field(default_factory=dict)
-    desired: dict[tuple[str, str], int] = field(default_factory=dict)
-    gpus_total: int = 0
-    gpus_in_use: int = 0
-    slices_in_use: int = 0
-    model_signals: dict[str, dict[str, float]] = field(default_factory=dict)
-    cache: dict[Any, tuple[int, bytes]] = field(default_factory=dict)
-    cache_enabled: bool = True  # off only to measure the uncached path (benchmarks/metrics_api.py)
-
-    def cached(self, key: Any) -> tuple[int, bytes] | None:
-        return self.cache.get(key)
-
-    def remember(self, key: Any, result: tuple[int, bytes]) -> tuple[int, bytes]:
-        if not self.cache_enabled:
-            return result
-        if len(self.cache) >= _CACHE_MAX:
-            self.cache.clear()
-        self.cache[key] = result
-        return result
+    @property
+    def tick_errors(self) -> int: ...
 
 
 class ApiState:
-    """Thread-safe holder of the current :class:`Snapshot` plus the history ring buffers."""
+    """Thread-safe holder of the current :class:`Snapshot` plus the history ring buffers.
 
-    def __init__(self, namespace: str = "default", *, window_s: int | None = None, cache: bool = True) -> None:
+    ``max_age_s``: a published snapshot older than this (on ``clock``) is served
+    without values (see the module docstring); None: never stale. ``health``:
+    the run loop's health (``Driver.health``), for ``/readyz`` and ``/metrics``.
+    """
+
+    def __init__(
+        self,
+        namespace: str = "default",
+        *,
+        window_s: int | None = None,
+        cache: bool = True,
+        max_age_s: float | None = None,
+        clock: Clock | None = None,
+        health: Callable[[], LoopHealth] | None = None,
+    ) -> None:
         self.namespace = namespace
         self.window_s = window_s
         self.cache = cache
+        self.max_age_s = max_age_s
+        self.clock: Clock = clock or WallClock()
+        self.health = health
         self._lock = threading.Lock()
         self._snap = Snapshot(namespace=namespace, window_s=window_s)
+        self._published_s: float | None = None  # clock time of the last update
+        self._stale: tuple[Snapshot, Snapshot] | None = None  # (snapshot, its stale view)
         self._history: dict[str, deque[tuple[float, float | None, float | None]]] = {}
         self._last_plan: Plan | None = None
         self._listeners: list[Any] = []  # callables(snapshot, plan, tick_s, plan_s) -- /metrics
-        self.tick_errors = 0  # control ticks that raised, set by the controller (migscale_tick_errors_total)
 
     # ------------------------------------------------------------- reading
     @property
     def snapshot(self) -> Snapshot:
-        return self._snap
+        """The current snapshot, or its stale view once it is older than ``max_age_s``."""
+        snap = self._snap
+        if self.max_age_s is None or self._published_s is None:
+            return snap
+        if self.clock.now() - self._published_s <= self.max_age_s:
+            return snap
+        stale = self._stale
+        if stale is None or stale[0] is not snap:
+            stale = (snap, stale_view(snap))
+            self._stale = stale
+        return stale[1]
 
     @property
     def ready(self) -> bool:
-        return self._snap.ready
+        return self.readiness()[0]
+
+    def age_s(self) -> float | None:
+        """Seconds since the last publication (None before the first)."""
+        return None if self._published_s is None else max(0.0, self.clock.now() - self._published_s)
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why not): a tick was published, the run loop is healthy, the picture is fresh."""
+        if not self._snap.ready:
+            return False, "no control tick published yet"
+        if self.health is not None:
+            h = self.health()
+            if not h.ready:
+                return False, h.reason
+        age = self.age_s()
+        if self.max_age_s is not None and age is not None and age > self.max_age_s:
+            return False, f"the published picture is {age:.0f}s old (limit {self.max_age_s:.0f}s)"
+        return True, "ok"
 
     def add_listener(self, fn: Any) -> None:
         self._listeners.append(fn)
@@ -238,6 +202,7 @@ class ApiState:
                 }
             )
             self._snap = snap
+            self._published_s = self.clock.now()
             for fn in self._listeners:
                 fn(snap, fresh_plan, tick_duration_s, plan_duration_s)
 
@@ -270,183 +235,3 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(value, (str, int)):
         return value
     return str(obj)
-
-
-def _milli(x: float | None, rounding: str = "nearest") -> int | None:
-    x = finite(x)
-    if x is None:
-        return None
-    try:
-        return to_milli(x, rounding=rounding)
-    except ValueError:
-        return None
-
-
-def build_snapshot(
-    namespace: str,
-    observation: Observation | None,
-    plan: Plan | None,
-    cluster: ClusterState,
-    models: Sequence[ModelSpec],
-    hpa_target: float,
-    now: float | None,
-    window_s: int | None,
-) -> Snapshot:
-    snap = Snapshot(namespace=namespace, t_s=now, window_s=window_s)
-    target_milli = max(1, to_milli(hpa_target, rounding="nearest"))
-    specs = {m.name: m for m in models}
-    obs_t = now if now is not None else 0.0
-    plan_t = plan.t_s if plan is not None else obs_t
-
-    # ---- objects: every (model, profile) known to config, plan or cluster
-    obj_of: dict[tuple[str, str], tuple[str, str]] = {}  # (model, profile) -> (resource, name)
-
-    def obj_key(model: str, profile: str) -> tuple[str, str]:
-        key = obj_of.get((model, profile))
-        if key is None:
-            spec = specs.get(model)
-            if spec is not None and spec.backend == "multinode":
-                key = (RES_LWS, model)
-            else:
-                key = (RES_DEPLOYMENTS, deployment_name(model, profile))
-            obj_of[(model, profile)] = key
-            if key not in snap.objects:
-                snap.objects[key] = ObjectEntry(key[0], key[1], model, profile)
-        return key
-
-    for spec in models:
-        if spec.backend == "multinode":
-            obj_key(spec.name, "whole")
-        for p in spec.allowed_profiles:
-            obj_key(spec.name, p)
-    if plan is not None:
-        for m, p in plan.desired:
-            obj_key(m, p)
-
-    # ---- pods: starting + ready replicas (what the HPA counts)
-    ready_per_model: dict[str, int] = {}
-    gpus_used: set[str] = set()
-    products = {g.id: PRODUCTS.get(g.product) for g in cluster.gpus}
-    pod_labels: dict[str, dict[str, str]] = {}
-    for r in cluster.replicas:
-        snap.replica_counts[(r.model, r.profile, r.state.value)] = (
-            snap.replica_counts.get((r.model, r.profile, r.state.value), 0) + 1
-        )
-        if r.state not in (ReplicaState.STARTING, ReplicaState.READY):
-            continue
-        gpus_used.add(r.gpu)
-        product = products.get(r.gpu)
-        if product is not None and r.profile in product.profiles:
-            snap.slices_in_use += product.profiles[r.profile].compute
-        elif product is not None and r.profile == "whole":
-            snap.slices_in_use += product.compute_slices
-        if r.state is ReplicaState.READY:
-            ready_per_model[r.model] = ready_per_model.get(r.model, 0) + 1
-        resource, owner = obj_key(r.model, r.profile)
-        # the same labels the rendered Deployment/LWS puts on its pods, so the
-        # HPA's selector (the workload's spec.selector) matches here too
-        labels = pod_labels.get(owner)
-        if labels is None:  # shared by the pods of one workload (never mutated after this)
-            labels = k8s_labels(r.model, r.profile)
-            labels[LABEL_DEPLOYMENT] = owner
-            if resource == RES_LWS:  # LWS's hpaPodSelector: the leader pod of each group
-                labels[LABEL_LWS_NAME] = owner
-                labels[LWS_WORKER_INDEX] = "0"
-            pod_labels[owner] = labels
-        snap.pods[r.id] = PodEntry(r.id, resource, owner, r.model, r.profile, labels)
-        snap.objects[(resource, owner)].pods.append(r.id)
-    snap.gpus_total = len(cluster.gpus)
-    snap.gpus_in_use = len(gpus_used)
-    for name in sorted(snap.pods):
-        for kv in snap.pods[name].labels.items():
-            snap.index.setdefault(kv, []).append(name)
-
-    # ---- model-level signals
-    model_vals: dict[str, dict[str, Value]] = {}
-    for spec in models:
-        s = observation.models.get(spec.name) if observation is not None else None
-        vals: dict[str, Value] = {}
-        t = s.t_s if s is not None and s.t_s is not None else obs_t
-        if s is not None:
-            if (q := _milli(s.queue_compute_ratio)) is not None:
-                vals[sig.QUEUE_COMPUTE_RATIO] = (q, t)
-            rate = finite(s.request_rate)
-            ready = ready_per_model.get(spec.name, 0)
-            if rate is not None and ready > 0 and (v := _milli(rate / ready)) is not None:
-                vals[sig.REPLICA_RPS] = (v, t)
-            snap.model_signals[spec.name] = {
-                k: v
-                for k, v in (
-                    ("requests_per_second", finite(s.request_rate)),
-                    ("p99_seconds", finite(s.p99_ms) / 1000 if finite(s.p99_ms) is not None else None),
-                    ("queue_compute_ratio", finite(s.queue_compute_ratio)),
-                )
-                if v is not None
-            }
-        model_vals[spec.name] = vals
-
-    # ---- per object and per pod values
-    planned_models = {m for m, _ in plan.desired} if plan is not None else set()
-    for (resource, name), obj in snap.objects.items():
-        if obj.model in planned_models:
-            desired = int(plan.desired.get((obj.model, obj.profile), 0))  # type: ignore[union-attr]
-            snap.desired[(obj.model, obj.profile)] = desired
-            obj.values[sig.DESIRED_REPLICAS] = (desired * 1000, plan_t)
-            ratio = sig.replica_ratio_milli(desired, len(obj.pods), target_milli)
-            if ratio is not None:
-                obj.values[sig.REPLICA_RATIO] = (ratio, plan_t)
-        obj.values.update(model_vals.get(obj.model, {}))
-        utils: list[Value] = []
-        for pod_name in obj.pods:
-            pod = snap.pods[pod_name]
-            if sig.REPLICA_RATIO in obj.values:
-                pod.values[sig.REPLICA_RATIO] = obj.values[sig.REPLICA_RATIO]
-            for k in (sig.QUEUE_COMPUTE_RATIO, sig.REPLICA_RPS):
-                if k in obj.values:
-                    pod.values[k] = obj.values[k]
-            rs = observation.replicas.get(pod_name) if observation is not None else None
-            if rs is not None:
-                u = finite(rs.gr_engine_active)
-                if u is None:
-                    u = finite(rs.busy_fraction)
-                if (um := _milli(u)) is not None:
-                    v = (um, rs.t_s if rs.t_s is not None else obs_t)
-                    pod.values[sig.SLICE_UTILIZATION] = v
-                    utils.append(v)
-        if utils:
-            obj.values[sig.SLICE_UTILIZATION] = (
-                sum(u[0] for u in utils) // len(utils),
-                max(u[1] for u in utils),
-            )
-
-    # ---- namespace and external metrics
-    snap.namespace_values["migscale_gpus_in_use"] = (snap.gpus_in_use * 1000, obs_t)
-    snap.namespace_values["migscale_slices_in_use"] = (snap.slices_in_use * 1000, obs_t)
-    snap.namespace_values["migscale_replicas"] = (len(snap.pods) * 1000, obs_t)
-    if plan is not None:
-        total = sum(v for v in (finite(x) for x in plan.shortfall.values()) if v is not None)
-        if (ms := _milli(total)) is not None:
-            snap.namespace_values["migscale_shortfall_requests_per_second"] = (ms, plan_t)
-    ext: dict[str, list[ExternalItem]] = {k: [] for k in sig.EXTERNAL_METRICS}
-    for (model, profile), n in sorted(snap.desired.items()):
-        labels = {"model": model, "profile": profile, "deployment": obj_of[(model, profile)][1]}
-        ext[sig.DESIRED_REPLICAS].append(ExternalItem(labels, (n * 1000, plan_t)))
-    for spec in models:
-        s = observation.models.get(spec.name) if observation is not None else None
-        t = s.t_s if s is not None and s.t_s is not None else obs_t
-        if s is not None:
-            for metric, raw in (
-                ("migscale_model_requests_per_second", s.request_rate),
-                ("migscale_model_queue_compute_ratio", s.queue_compute_ratio),
-                ("migscale_model_p99_seconds", finite(s.p99_ms) / 1000 if finite(s.p99_ms) is not None else None),
-            ):
-                if (v := _milli(raw)) is not None:
-                    ext[metric].append(ExternalItem({"model": spec.name}, (v, t)))
-        if (
-            plan is not None
-            and spec.name in planned_models
-            and (v := _milli(plan.shortfall.get(spec.name, 0.0))) is not None
-        ):
-            ext["migscale_model_shortfall_requests_per_second"].append(ExternalItem({"model": spec.name}, (v, plan_t)))
-    snap.external = ext
-    return snap

@@ -38,13 +38,66 @@ Local look without TLS:  migscale api examples/models.yaml examples/cluster.yaml
 """
 
 
+class _FeedTick:
+    def __init__(self, ok: bool, next_delay_s: float) -> None:
+        self.ok, self.next_delay_s = ok, next_delay_s
+
+
+class _Feeder:
+    """One tick of the standalone API: observe -> decide -> publish (no actuator: the HPA acts)."""
+
+    def __init__(self, state: Any, cfg: Any, source: Any, snapshot: Any) -> None:
+        from autoscaler.policy.decide import PolicyState
+
+        self.state, self.cfg, self.source, self.snapshot = state, cfg, source, snapshot
+        self.pstate = PolicyState()
+
+    def tick(self) -> _FeedTick:
+        from autoscaler.policy.decide import decide
+        from autoscaler.policy.types import Observation, Reason
+
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        now = time.time()
+        notes: list[str] = []
+        try:
+            cluster = self.snapshot()
+        except Exception as exc:  # noqa: BLE001 - inventory down: the last picture ages out (the HPA holds)
+            typer.echo(f"migscale api: inventory failed: {type(exc).__name__}: {exc}", err=True)
+            return _FeedTick(False, cfg.tick_s)
+        names = [m.name for m in cfg.models]
+        source_ok = True
+        try:
+            models, replicas = self.source.read(names, [r.id for r in cluster.replicas], now)
+        except Exception as exc:  # noqa: BLE001 - a metrics outage holds every model (decide's rule)
+            source_ok, models, replicas = False, {}, {}
+            notes.append(f"{Reason.HOLD_MISSING_METRICS.value}: {type(exc).__name__}: {exc}")
+        obs = Observation(now, cluster, dict(models), dict(replicas), source_ok, tuple(notes))
+        t1 = time.perf_counter()
+        try:
+            plan, self.pstate = decide(obs, self.pstate, cfg, now)
+        except Exception as exc:  # noqa: BLE001 - a bug must not take the API down; the last plan ages out
+            typer.echo(f"migscale api: decide failed: {type(exc).__name__}: {exc}", err=True)
+            return _FeedTick(False, cfg.tick_s)
+        t2 = time.perf_counter()
+        self.state.update(obs, plan, cluster, cfg.models, slo_p99_ms=cfg.slo_p99_ms,
+                          tick_duration_s=time.perf_counter() - t0, plan_duration_s=t2 - t1)
+        return _FeedTick(True, cfg.tick_s)
+
+
 def _feeder(state: Any, models_cfg: Any, cluster_cfg: Any, prometheus: str, inventory: str,
             stop: threading.Event) -> threading.Thread:
-    """Observe -> decide -> publish, every tick, until ``stop``; never raises out of the thread."""
+    """Observe -> decide -> publish every tick, run by the one ``Driver``, until ``stop``.
+
+    The API then follows the driver: ``/readyz`` fails and every value is
+    absent once no tick has been published for three ticks (inventory or
+    Prometheus down, a stuck decide), so the HPA holds instead of reading a
+    frozen picture.
+    """
+    from autoscaler.clock import WallClock
     from autoscaler.config import initial_cluster_state, policy_config
+    from autoscaler.driver import Driver
     from autoscaler.observe.prometheus import PrometheusSource
-    from autoscaler.policy.decide import PolicyState, decide
-    from autoscaler.policy.types import Observation, Reason
 
     cfg = policy_config(models_cfg, cluster_cfg)
     source = PrometheusSource(prometheus, metrics_stale_s=cfg.metrics_stale_s)
@@ -62,39 +115,10 @@ def _feeder(state: Any, models_cfg: Any, cluster_cfg: Any, prometheus: str, inve
         def snapshot():  # type: ignore[no-untyped-def]
             return static
 
-    def run() -> None:
-        pstate = PolicyState()
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            now = time.time()
-            notes: list[str] = []
-            try:
-                cluster = snapshot()
-            except Exception as exc:  # noqa: BLE001 - inventory down: keep serving the last tick (HPA keeps its count)
-                typer.echo(f"migscale api: inventory failed: {type(exc).__name__}: {exc}", err=True)
-                stop.wait(cfg.tick_s)
-                continue
-            names = [m.name for m in cfg.models]
-            source_ok = True
-            try:
-                models, replicas = source.read(names, [r.id for r in cluster.replicas], now)
-            except Exception as exc:  # noqa: BLE001 - a metrics outage holds every model (decide's rule)
-                source_ok, models, replicas = False, {}, {}
-                notes.append(f"{Reason.HOLD_MISSING_METRICS.value}: {type(exc).__name__}: {exc}")
-            obs = Observation(now, cluster, dict(models), dict(replicas), source_ok, tuple(notes))
-            t1 = time.perf_counter()
-            try:
-                plan, pstate = decide(obs, pstate, cfg, now)
-            except Exception as exc:  # noqa: BLE001 - a bug must not take the API down; keep the last plan
-                typer.echo(f"migscale api: decide failed: {type(exc).__name__}: {exc}", err=True)
-                stop.wait(cfg.tick_s)
-                continue
-            t2 = time.perf_counter()
-            state.update(obs, plan, cluster, cfg.models, slo_p99_ms=cfg.slo_p99_ms,
-                         tick_duration_s=time.perf_counter() - t0, plan_duration_s=t2 - t1)
-            stop.wait(cfg.tick_s)
-
-    th = threading.Thread(target=run, name="migscale-api-feeder", daemon=True)
+    driver = Driver(_Feeder(state, cfg, source, snapshot), WallClock(), tick_s=cfg.tick_s)
+    state.max_age_s = driver.max_snapshot_age_s
+    state.health = driver.health
+    th = threading.Thread(target=driver.run, args=(stop,), name="migscale-api-feeder", daemon=True)
     th.start()
     return th
 

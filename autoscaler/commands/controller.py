@@ -11,7 +11,7 @@ is given. ``--once`` runs one tick, prints what it did as JSON and exits
 (no API server, so no TLS needed); with ``--dry-run`` that tick decides but
 writes nothing, not even the Lease: a look at what migscale would do.
 Bad input exits 2 with one line naming the option and value; SIGTERM stops
-the loop and releases the Lease so a follower takes over within ~5 s.
+the loop and releases the Lease so a follower takes over at its next retry (~2 s).
 """
 
 from __future__ import annotations
@@ -240,6 +240,20 @@ def register(app: typer.Typer) -> None:
                 "--dry-run", help="observe and decide, write nothing to the cluster (not even the Lease)"
             ),
         ] = False,
+        lease_duration: Annotated[
+            int,
+            typer.Option("--lease-duration", help="seconds a follower waits, from when it last saw the "
+                         "Lease change, before taking over (client-go default 15)"),
+        ] = 15,
+        renew_deadline: Annotated[
+            float,
+            typer.Option("--renew-deadline", help="seconds the leader keeps acting without a successful "
+                         "renewal; must be < --lease-duration (default 10)"),
+        ] = 10.0,
+        retry_period: Annotated[
+            float,
+            typer.Option("--retry-period", help="seconds between acquire/renew attempts (default 2)"),
+        ] = 2.0,
         once: Annotated[
             bool,
             typer.Option(
@@ -264,9 +278,14 @@ def register(app: typer.Typer) -> None:
             serving=not once,
             strict_client_auth=strict_client_auth,
         )
+        from autoscaler.act.kubernetes.leader import check_timings
+
+        problems = check_timings(lease_duration, renew_deadline, retry_period)
+        if problems:
+            fail(problems)
         models_cfg, cluster_cfg = load_for_cluster(models, cluster)
 
-        from autoscaler.act.kubernetes.config import build_backend
+        from autoscaler.act.kubernetes.config import LeaseTimings, build_backend
         from autoscaler.clock import WallClock
         from autoscaler.config import model_specs
         from autoscaler.runtime.kubernetes import KubernetesController
@@ -281,6 +300,9 @@ def register(app: typer.Typer) -> None:
                 identity=identity,
                 lease_namespace=lease_namespace,
                 clock=clock,
+                leader_elect=leader_elect,
+                dry_run=dry_run,
+                lease=LeaseTimings(lease_duration, renew_deadline, retry_period),
             )
         except Exception as exc:  # noqa: BLE001 - kubernetes.config raises several types; one line each
             fail(
@@ -291,8 +313,6 @@ def register(app: typer.Typer) -> None:
                     )
                 ]
             )
-        if not leader_elect:
-            kube.elector = None  # the backend checks its elector before every write
         ctl = KubernetesController(
             kube,
             _source(prometheus, rate_window, cluster_cfg),
@@ -305,6 +325,7 @@ def register(app: typer.Typer) -> None:
         )
         if once:
             try:
+                ctl.check_lease()
                 result = ctl.tick()
                 typer.echo(json.dumps(ctl.status(result), indent=2, default=str))
             finally:

@@ -45,9 +45,6 @@ def render(
         str | None, typer.Option("--demand", help="YAML {model: req/s}; replica counts come from the planner")
     ] = None,
     image: Annotated[str, typer.Option(help="Triton image")] = "nvcr.io/nvidia/tritonserver:24.10-py3",
-    metric: Annotated[
-        str, typer.Option(help="HPA Pods metric served by `migscale api`")
-    ] = "migscale_replica_ratio",
     migmodels: Annotated[
         bool, typer.Option("--migmodels", help="print one MigModel per model instead (for kubectl apply)")
     ] = False,
@@ -59,6 +56,9 @@ def render(
     ] = None,
 ) -> None:
     """Print, as multi-document YAML, every Kubernetes object migscale would apply.
+
+    No HorizontalPodAutoscaler: migscale owns the replicas of these workloads
+    (through the scale subresource); an HPA on them would be a second writer.
 
     Example: migscale render examples/models.yaml examples/cluster.yaml --demand examples/demand.yaml > objects.yaml
     """
@@ -77,7 +77,7 @@ def render(
         except ConfigError as exc:
             fail(exc.problems)
     desired = planned_desired(specs, rps, cluster_cfg)
-    cfg = render_config(cluster_cfg, image=image, metric_name=metric)
+    cfg = render_config(cluster_cfg, image=image)
     objs = render_all(specs, desired, cfg)
     entries = mig_configs(cluster_cfg)
     if entries:

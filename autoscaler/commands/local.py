@@ -7,7 +7,8 @@ naming a missing dependency with its install command) and the port checks
 (exit 2 naming the port and its holder), then starts the front door (nginx),
 Prometheus (or the direct-scrape fallback), ``min_replicas`` of each model,
 and supervises until Ctrl-C or SIGTERM; then it stops everything it started,
-in order. Its log, with the traceback of any failed tick, is
+in order. ``run_controller`` (runtime/local.py) is that main body, with the
+control loop and the metrics API wired in (a ``LocalController``). Its log, with the traceback of any failed tick, is
 ``run_dir/controller.log`` (size-capped, one rotated part).
 
 ``down`` stops the running controller and then every process started from the
@@ -142,7 +143,7 @@ def register(app: typer.Typer) -> None:
             if control:
                 api = ctl.start_api()
                 _say(f"web view:    {api.url}/ui")
-            run_controller(lc, models_cfg, cluster_cfg, stop, ctl.on_tick if control else None, say=_say)
+            run_controller(lc, models_cfg, cluster_cfg, stop, ctl if control else None, say=_say)
         except Exception as e:
             logging.getLogger("migscale.up").exception("the controller failed")
             _say(f"error: {type(e).__name__}: {e}")

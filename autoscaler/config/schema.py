@@ -430,7 +430,7 @@ class ScalingBehavior(_Strict):
 
 
 def _hpa_up() -> ScalingBehavior:
-    # Kubernetes defaults (FACTS.md §6): no stabilization, +100% or +4 pods per 15 s.
+    # Kubernetes defaults (docs/hpa.md): no stabilization, +100% or +4 pods per 15 s.
     return ScalingBehavior(
         stabilization_window_s=0,
         select_policy="Max",

@@ -4,7 +4,7 @@ Pure math on the geometry in ``products.py``. A layout is a tuple of
 ``Placement(profile, start)``; it is valid when every start is allowed for its
 profile, no two instances share a memory slot, total compute fits the GPU, and
 at most one ``+me`` instance exists. With the five standard kinds an
-A100/H100 has exactly 19 maximal layouts (FACTS.md §1); a test pins that.
+A100/H100 has exactly 19 maximal layouts (docs/mig-geometry.md); a test pins that.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """GPU products and their MIG profiles (pure data).
 
-Source: NVIDIA MIG User Guide, "Supported MIG Profiles" (see FACTS.md §1).
+Source: NVIDIA MIG User Guide, "Supported MIG Profiles" (see docs/mig-geometry.md).
 Placements are identical on A100, H100, H100 NVL and H200: 7 compute slices,
 8 memory slots; a GPU instance occupies ``mem_slots`` contiguous memory slots
 starting at one of ``starts``. A30 has 4 compute slices and 4 memory slots.

@@ -7,8 +7,8 @@ short and long windows are both rendered from the same template) and
 ``$sel`` the label matchers every Triton series gets (default: none).
 PromQL's own braces stay literal, which is why this is not ``str.format``.
 
-Triton metric names and NVIDIA's queue:compute signal: FACTS.md §3; DCGM on
-MIG: FACTS.md §4. Results are grouped ``by (model)`` for model signals and
+Triton metric names and NVIDIA's queue:compute signal: docs/metrics.md; DCGM on
+MIG: docs/metrics.md. Results are grouped ``by (model)`` for model signals and
 ``by (model, replica)`` for replica signals; ``replica`` is the label the
 controller's scrape configuration (file SD or PodMonitor relabelling) puts
 on every Triton target, so rename ``replica_label`` if yours differs.

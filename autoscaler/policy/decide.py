@@ -62,7 +62,7 @@ class PolicyConfig:
     # model; only demand that stays low for half an hour is right-sized.
     rightsize_window_s: float | None = 1800.0
     # How long a MIG repartition takes on this backend: mig-manager 3-5 min on
-    # Kubernetes (FACTS.md §5), ~0 on the local emulation. When it is slower than
+    # Kubernetes (docs/gpu-operator.md), ~0 on the local emulation. When it is slower than
     # FAST_PATH_MIN_REPARTITION_S the planner's scale-up fast path covers a
     # shortfall with instances that exist now before cutting efficient ones.
     repartition_s: float = 180.0

@@ -6,7 +6,7 @@ capacity (req/s) a model needs, before the HPA stages and the planner.
 - Demand history is kept per model as ``(t_s, rps)`` samples; the *short*
   window (default 10 s) reacts to bursts, the *long* window (60 s) is the
   stable estimate -- Knative's panic/stable windows.
-- Panic mode (Knative KPA, FACTS.md §7): enter when short-window demand is at
+- Panic mode (Knative KPA, docs/autoscalers.md): enter when short-window demand is at
   least ``panic_threshold`` (2.0) times current capacity; while panicking use
   the short window and never lower the requirement (the floor it keeps comes
   from measured demand, not from a saturation guess); leave once the condition

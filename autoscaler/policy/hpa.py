@@ -56,7 +56,7 @@ class ScalingRules:
     policies: tuple[ScalingPolicy, ...]
 
 
-# Kubernetes defaults (FACTS.md §6): up doubles or adds 4 per 15 s, whichever is
+# Kubernetes defaults (docs/hpa.md): up doubles or adds 4 per 15 s, whichever is
 # more, with no stabilization; down may drop everything per 15 s but only to
 # the highest recommendation of the last 300 s.
 DEFAULT_SCALE_UP = ScalingRules(

@@ -214,7 +214,7 @@ def run_demo(models_path: Path, models_cfg: ModelsConfig, cluster_cfg: ClusterCo
     stop = threading.Event()
     say_lines: list[str] = []
     controller_thread = threading.Thread(
-        target=run_controller, args=(cluster, models_cfg, cluster_cfg, stop, ctl.on_tick),
+        target=run_controller, args=(cluster, models_cfg, cluster_cfg, stop, ctl),
         kwargs={"say": say_lines.append}, name="migscale-controller", daemon=True,
     )
     locust: subprocess.Popen | None = None

@@ -5,11 +5,14 @@ each capability ships, and nothing else:
 
     LocalCluster (act/)  -- Inventory + Actuator: tritonserver replicas, nginx, Prometheus
     PrometheusSource / ScrapeSource (observe/) -- MetricsSource
-    ControlLoop (loop.py) -- observe -> decide (policy/) -> act, every policy.tick_s
+    ControlLoop (loop.py) -- observe -> decide (policy/) -> act, one tick
+    Driver (driver.py) -- the run loop: a tick every policy.tick_s (the loop's
+        back-off honoured), the 1 s status refresh as its idle hook
     ApiState + create_app (api/) -- custom/external metrics, /metrics, /v1/plan, /v1/status, /ui
 
-The loop runs on the supervision thread's ``on_tick`` hook, so the 1 s status
-refresh and the tick share one clock and never race on the same replica.
+The tick and the status refresh run on the driver's one thread, so they never
+race on the same replica; the metrics API serves the picture only while the
+driver's health says it is current (``/readyz``, stale values absent).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from autoscaler.act.local.cluster import LocalCluster
@@ -27,8 +31,9 @@ from autoscaler.act.local.prometheus import SCRAPE_INTERVAL_S, HoldWhileWarming
 from autoscaler.api.app import create_app
 from autoscaler.api.server import ServerHandle, serve_in_thread
 from autoscaler.api.state import ApiState
-from autoscaler.clock import WallClock
+from autoscaler.clock import Clock, WallClock
 from autoscaler.config import ClusterConfig, ModelsConfig, model_specs, policy_config
+from autoscaler.driver import Driver, Hooks
 from autoscaler.loop import ControlLoop, TickResult
 from autoscaler.observe.prometheus import PrometheusSource
 from autoscaler.observe.scrape import ScrapeSource
@@ -53,8 +58,10 @@ class LocalController:
         *,
         on_result: Callable[[TickResult], None] | None = None,
         window_s: float | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.cluster = cluster
+        self.clock = clock or WallClock()
         self.models_cfg = models_cfg
         self.cluster_cfg = cluster_cfg
         self.specs = model_specs(models_cfg, cluster_cfg)
@@ -62,16 +69,20 @@ class LocalController:
         # planner may cut the most efficient slices even in a burst (no fast path).
         self.policy = policy_config(models_cfg, cluster_cfg, repartition_s=LOCAL_REPARTITION_S)
         self.slo_p99_ms = {m.name: float(m.slo.p99_ms) for m in models_cfg.models}
-        self.api_state = ApiState(cluster_cfg.namespace)
+        self.tick_s = float(cluster_cfg.policy.tick_s)
+        # Three missed ticks (15 s at a 5 s tick): one slow or failed tick is still
+        # current; a loop stopped or stuck for longer is not (Driver.health).
+        self.max_age_s = 3.0 * self.tick_s
+        self.api_state = ApiState(cluster_cfg.namespace, max_age_s=self.max_age_s, clock=self.clock)
         self.api: ServerHandle | None = None
         self.loop: ControlLoop | None = None
+        self.driver: Driver | None = None
         self.on_result = on_result
         # Rates over a window of ~3 ticks: long enough for two Prometheus
         # samples at a 2 s scrape, short enough to see a spike within a tick or two.
         self.window_s = window_s or max(10.0, 3 * float(cluster_cfg.policy.tick_s))
         self._tick_lock = threading.Lock()
         self._tick_s: float | None = None  # last tick's duration, for /metrics
-        self.raised = 0  # ticks that raised out of the loop (the loop counts those it caught)
 
     # ------------------------------------------------------------ wiring
     def _source(self):
@@ -105,7 +116,7 @@ class LocalController:
             self.cluster,
             self.cluster,
             self.policy,
-            WallClock(),
+            self.clock,
             decision_log=self.cluster.run_dir / "decisions.jsonl",
             on_tick=self._published,
         )
@@ -120,7 +131,6 @@ class LocalController:
         """Push the latest picture to the metrics API (and so to /ui and HPA readers)."""
         obs = self.loop.last_observation if self.loop else None
         plan = result.plan if result is not None else None
-        self.api_state.tick_errors = self.raised + (self.loop.tick_errors if self.loop else 0)
         status = self.cluster.status(controller_pid=os.getpid())
         self.api_state.update(
             obs,
@@ -129,24 +139,32 @@ class LocalController:
             self.specs,
             status=status,
             slo_p99_ms=self.slo_p99_ms,
-            t_s=time.time(),
+            t_s=self.clock.now(),
             tick_duration_s=self._tick_s,
             plan_duration_s=self.loop.last_decide_s if self.loop else None,
         )
 
-    # ------------------------------------------------------------ the hook
-    def on_tick(self, cluster: LocalCluster) -> None:
-        """Called by run_controller every policy.tick_s on the supervision thread."""
-        if self.loop is None:
-            self.build_loop()
+    # ------------------------------------------------------------ the run loop
+    def tick(self) -> TickResult:
+        """One control tick (the driver's ``Tickable``), timed for /metrics."""
+        loop = self.loop or self.build_loop()
         with self._tick_lock:
             t0 = time.perf_counter()
-            try:
-                self.loop.tick()
-            except Exception:
-                self.raised += 1
-                raise
+            result = loop.tick()
             self._tick_s = time.perf_counter() - t0
+        return result
+
+    @property
+    def tick_errors(self) -> int:
+        """Ticks whose exception the loop caught and logged (the driver adds those that escaped)."""
+        return self.loop.tick_errors if self.loop is not None else 0
+
+    def build_driver(self, idle: Callable[[], None] | None = None) -> Driver:
+        """The run loop around ``tick``; the metrics API follows its health."""
+        self.driver = Driver(self, self.clock, tick_s=self.tick_s, max_snapshot_age_s=self.max_age_s,
+                             slice_s=STATUS_EVERY_S, hooks=Hooks(idle=idle))
+        self.api_state.health = self.driver.health
+        return self.driver
 
     def stop(self) -> None:
         if self.api is not None:
@@ -158,20 +176,32 @@ def decision_log_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / "decisions.jsonl"
 
 
+@dataclass(frozen=True)
+class _Supervised:
+    """What a run without the control loop ticks (``up --no-control``): nothing, every tick_s."""
+
+    next_delay_s: float
+    ok: bool = True
+
+    def tick(self) -> _Supervised:
+        return self
+
+
 def run_controller(
     cluster: LocalCluster,
     models_cfg: ModelsConfig,
     cluster_cfg: ClusterConfig,
     stop: threading.Event,
-    on_tick: Callable[[LocalCluster], None] | None = None,
+    controller: LocalController | None = None,
     *,
     say: Callable[[str], None] = print,
 ) -> None:
-    """Start the stack, place min_replicas, supervise until ``stop`` is set, stop everything.
+    """Start the stack, place min_replicas, run until ``stop`` is set, stop everything.
 
-    Every second: scrape replica loads, rewrite ``run_dir/status.json``
-    atomically. Every ``policy.tick_s``: call ``on_tick(cluster)`` (the control
-    loop's hook; an exception there is printed, never fatal).
+    One ``Driver`` runs it all: every second (its idle hook) scrape replica
+    loads, rewrite ``run_dir/status.json`` atomically and print new lifecycle
+    events; every ``policy.tick_s`` (longer while the loop backs off) a tick of
+    ``controller``'s control loop. Without a controller only the supervision runs.
     """
     status_path = cluster.run_dir / "status.json"
     try:
@@ -181,27 +211,33 @@ def run_controller(
         say(f"metrics API: {cluster.metrics_api_url}")
         say(cluster.prom.banner())
         _write_status(cluster, status_path)
-        for err in cluster.apply(initial_actions(models_cfg, cluster_cfg, cluster.snapshot())):
+        first = initial_actions(models_cfg, cluster_cfg, cluster.snapshot(), now_s=cluster.clock.now())
+        for err in cluster.apply(first):
             say(f"warning: {err}")
         for r in cluster.replicas():
             say(f"replica {r.id}: {r.model} on {r.profile} {r.gpu}@{r.start} port {r.port} {r.state.value}")
-        tick_s = float(cluster_cfg.policy.tick_s)
-        next_tick = time.monotonic() + tick_s
-        seen_events = cluster.events_total
-        while not stop.is_set():
+        seen = [cluster.events_total]
+
+        def idle() -> None:
             cluster.refresh_loads()
             _write_status(cluster, status_path)
-            new, seen_events = cluster.events_since(seen_events)
+            new, seen[0] = cluster.events_since(seen[0])
             for e in new:
                 say(e)
-            if on_tick is not None and time.monotonic() >= next_tick:
-                next_tick = time.monotonic() + tick_s
-                try:
-                    on_tick(cluster)
-                except Exception as e:  # the loop holds; supervision goes on
-                    log.exception("tick raised")  # with its traceback, in run_dir/controller.log
-                    say(f"tick failed: {type(e).__name__}: {e}")
-            stop.wait(STATUS_EVERY_S)
+            if controller is None:  # with a loop, its ticks report these (TickResult.late_errors)
+                for err in cluster.take_errors():
+                    say(f"warning: {err}")
+
+        if controller is not None:
+            driver = controller.build_driver(idle)
+        else:
+            tick_s = float(cluster_cfg.policy.tick_s)
+            driver = Driver(_Supervised(tick_s), cluster.clock, tick_s=tick_s, slice_s=STATUS_EVERY_S,
+                            hooks=Hooks(idle=idle))
+        # The first tick one tick_s after start, as every later one: the first
+        # replicas get a tick to start before the loop looks at them.
+        driver.wait(driver.tick_s, stop.is_set)
+        driver.run(stop)
     finally:
         say("stopping: front door, replicas, prometheus")
         cluster.stop()

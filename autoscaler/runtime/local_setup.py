@@ -1,11 +1,12 @@
 """Build a ``LocalCluster`` from the two config files, and its first placement.
 
-``cluster_from_config`` joins cluster.yaml's GPUs (emulated ones as declared,
-real ones as NVML reports them) with models.yaml's Triton model dirs.
-``initial_actions`` puts ``min_replicas`` of each MIG model on the first
-allowed profile that fits, at ``best_start``, and ``min_replicas`` groups of
-each multinode model on the RDMA pool's whole GPUs (the control loop takes
-over from there).
+Place in the loop: wiring before the first tick. ``cluster_from_config``
+joins cluster.yaml's GPUs (emulated ones as declared, real ones as NVML
+reports them) with models.yaml's Triton model dirs. ``initial_actions`` asks
+the planner itself for the first placement -- no traffic yet, so
+``min_replicas`` of each model (two on distinct GPUs for high availability,
+whole groups on the RDMA pool for multinode models) -- exactly as the control
+loop's first tick would place them, and the loop takes over from there.
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ from pathlib import Path
 
 from autoscaler.act.local.backoff import BackoffPolicy
 from autoscaler.act.local.cluster import LocalCluster
-from autoscaler.act.local.replicas import WHOLE, ModelRuntime
+from autoscaler.act.local.replicas import ModelRuntime
 from autoscaler.config import ClusterConfig, ModelsConfig, initial_cluster_state, model_specs
-from autoscaler.mig.layout import Placement, best_start
-from autoscaler.mig.products import get_product
 from autoscaler.observe import nvml
-from autoscaler.policy.types import Action, ActionKind, ClusterState, GpuState, Reason
+from autoscaler.policy.planner import plan
+from autoscaler.policy.types import Action, ClusterState, GpuState
 
 
 class SetupError(ValueError):
@@ -85,118 +85,14 @@ def cluster_from_config(
 
 
 def initial_actions(
-    models_cfg: ModelsConfig, cluster_cfg: ClusterConfig, state: ClusterState
+    models_cfg: ModelsConfig, cluster_cfg: ClusterConfig, state: ClusterState, *, now_s: float = 0.0
 ) -> list[Action]:
-    """CREATE ``min_replicas`` of each MIG model (2 on distinct GPUs for high
-    availability), then one WAIT_READY.
+    """The planner's actions for no traffic yet: ``min_replicas`` of every model on ``state``.
 
-    A free instance already in the layout is used first; otherwise a new one at
-    ``best_start``. Models in file order, so earlier models get the first slices.
+    The local emulation repartitions instantly, so the planner's fast path
+    (instances that exist now first) is off, as in the loop
+    (``runtime/local.py``: ``repartition_s=0``).
     """
-    layouts = {g.id: list(g.layout) for g in state.gpus if g.mig_enabled}
-    products = {g.id: get_product(g.product) for g in state.gpus if g.mig_enabled}
-    used = {(r.gpu, r.start) for r in state.replicas}
-    actions: list[Action] = []
-    for spec in model_specs(models_cfg, cluster_cfg):
-        if spec.backend != "mig":
-            continue
-        have = [r.gpu for r in state.replicas if r.model == spec.name]
-        # high availability: at least 2 replicas, on distinct GPUs where possible
-        want = max(spec.min_replicas, 2 if spec.high_availability else 0)
-        for _ in range(max(0, want - len(have))):
-            avoid = set(have) if spec.high_availability else set()
-            spot = _find_spot(spec.allowed_profiles, layouts, products, used, avoid)
-            if spot is None and avoid:
-                spot = _find_spot(spec.allowed_profiles, layouts, products, used)
-            if spot is None:
-                break  # shortfall: the loop reports it
-            gpu, prof, start = spot
-            have.append(gpu)
-            used.add((gpu, start))
-            if Placement(start, prof) not in layouts[gpu]:
-                layouts[gpu].append(Placement(start, prof))
-            actions.append(
-                Action(
-                    ActionKind.CREATE,
-                    Reason.MIN_REPLICAS,
-                    gpu=gpu,
-                    model=spec.name,
-                    profile=prof,
-                    start=start,
-                )
-            )
-    actions += _initial_groups(models_cfg, cluster_cfg, state)
-    if actions:
-        actions.append(Action(ActionKind.WAIT_READY, Reason.MIN_REPLICAS))
-    return actions
-
-
-def _initial_groups(models_cfg: ModelsConfig, cluster_cfg: ClusterConfig, state: ClusterState) -> list[Action]:
-    """``min_replicas`` groups per multinode model, with the planner's conventions:
-    member ids ``"<model>-g<k>-<rank>"``, profile ``"whole"``, start 0; each group on
-    ``nodes_per_group`` distinct nodes x ``gpus_per_node`` free whole RDMA GPUs,
-    the model's fabric first. A group that does not fit is left to the loop
-    (it reports the shortfall)."""
-    held = {r.gpu for r in state.replicas}
-    free = [g for g in state.gpus if g.rdma and not g.mig_enabled and g.id not in held]
-    taken_ids = {r.id for r in state.replicas}
-    actions: list[Action] = []
-    for spec in model_specs(models_cfg, cluster_cfg):
-        if spec.backend != "multinode":
-            continue
-        npg, gpn = max(1, spec.nodes_per_group), max(1, spec.gpus_per_node)
-        have = {r.id.rsplit("-", 1)[0] for r in state.replicas if r.model == spec.name}
-        want = max(spec.min_replicas, 2 if spec.high_availability else 0)
-        k = 0
-        for _ in range(max(0, want - len(have))):
-            chosen = _pick_group(free, npg, gpn, spec.fabric)
-            if chosen is None:
-                break
-            while f"{spec.name}-g{k}" in have or f"{spec.name}-g{k}-0" in taken_ids:
-                k += 1
-            gid = f"{spec.name}-g{k}"
-            have.add(gid)
-            for rank, g in enumerate(chosen):
-                free.remove(g)
-                actions.append(
-                    Action(
-                        ActionKind.CREATE,
-                        Reason.MIN_REPLICAS,
-                        gpu=g.id,
-                        model=spec.name,
-                        profile=WHOLE,
-                        start=0,
-                        replica=f"{gid}-{rank}",
-                    )
-                )
-    return actions
-
-
-def _pick_group(free: list[GpuState], npg: int, gpn: int, fabric: str | None) -> list[GpuState] | None:
-    # One fabric (the model's first), else any mix -- as the planner does.
-    fabrics: list = sorted({g.fabric for g in free}, key=lambda f: (f != fabric, str(f)))
-    for fab in [*fabrics, "*any*"]:
-        by_node: dict[str, list[GpuState]] = {}
-        for g in free:
-            if fab == "*any*" or g.fabric == fab:
-                by_node.setdefault(g.node, []).append(g)
-        nodes = sorted(n for n, gs in by_node.items() if len(gs) >= gpn)
-        if len(nodes) >= npg:
-            return [g for n in nodes[:npg] for g in by_node[n][:gpn]]
-    return None
-
-
-def _find_spot(profiles, layouts, products, used, avoid=frozenset()) -> tuple[str, str, int] | None:
-    layouts = {g: lay for g, lay in layouts.items() if g not in avoid}
-    for prof in profiles:
-        for gid, layout in layouts.items():  # an existing idle instance first
-            for pl in layout:
-                if pl.profile == prof and (gid, pl.start) not in used:
-                    return gid, prof, pl.start
-        for gid, layout in layouts.items():
-            if prof not in products[gid].profiles:
-                continue
-            s = best_start(products[gid], layout, prof)
-            if s is not None:
-                return gid, prof, s
-    return None
+    specs = model_specs(models_cfg, cluster_cfg)
+    p = plan(specs, {s.name: 0.0 for s in specs}, state, now_s=now_s, fast_path=False)
+    return list(p.actions)

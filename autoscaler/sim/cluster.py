@@ -12,24 +12,19 @@ What it models (defaults in ``SimConfig``):
 - **Replicas.** One replica = one MIG instance. CREATE starts a replica that is
   READY ``start_delay_s`` later (30 s default: a Kubernetes pod with a cached
   Triton image loading a small model; a local ``tritonserver`` is ~2 s, see
-  FACTS.md §9, pass ``start_delay_s=2`` for that). DRAIN stops routing at once
-  and finishes in-flight work in ``drain_s``; DELETE of a draining replica
-  waits for the drain.
+  docs/triton-local.md, pass ``start_delay_s=2`` for that). DRAIN stops routing
+  at once and finishes in-flight work in ``drain_s``; DELETE of a draining
+  replica takes it away once the drain ends.
 - **Repartition.** REPARTITION needs the affected instances empty (a replica
   still on them that is being drained makes it wait; one that nobody drains
   is an error), then holds the GPU for ``repartition_delay_s`` (180 s, the
-  mig-manager figure of FACTS.md §5). Replicas created on it meanwhile start
+  mig-manager figure of docs/gpu-operator.md). Replicas created on it meanwhile start
   when it finishes.
-- **Ordering.** Actions run in order; WAIT_READY, a REPARTITION of an
-  instance still draining and a CREATE on it block the actions after them
-  until they can proceed (make-before-break), and ``converging()`` is True
-  meanwhile. A DELETE of a draining replica does not block: the replica goes
-  when its drain ends. Like a Kubernetes actuator working on several
-  objects at once, each ``apply`` is split into independent chains -- actions
-  linked by a shared GPU or model -- and one chain waiting (a WAIT_READY on
-  a replica that starts after a 180 s repartition) does not hold up the
-  others. ``in_flight()`` names the GPUs and models with work still under
-  way, for the loop's per-GPU gate.
+- **Actions.** The actuator contract of ``autoscaler/protocols.py``, carried
+  out by ``SimActions`` (``actions.py``): independent chains, a WAIT_READY or
+  a wait for a drain holding up only the rest of its chain, ``in_flight()``
+  for the loop's per-GPU gate. Queued chains move on in ``_timers`` as
+  simulated time passes.
 - **Service.** Each READY replica is a fluid M/M/1 queue (``queueing.py``);
   requests queued beyond ``queue_timeout_s`` are dropped (misses).
   The router splits a model's traffic in proportion to replica service rate
@@ -46,80 +41,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from autoscaler.clock import VirtualClock
-from autoscaler.mig import Placement, check_layout, get_product
-from autoscaler.policy.types import (
-    Action,
-    ActionKind,
-    ClusterState,
-    GpuState,
-    ModelSpec,
-    Replica,
-    ReplicaState,
-)
+from autoscaler.mig import get_product
+from autoscaler.policy.types import Action, ClusterState, GpuState, ModelSpec, Replica, ReplicaState
+from autoscaler.protocols import ActionQueue
 from autoscaler.sim import queueing as q
+from autoscaler.sim.actions import SimActions
 from autoscaler.sim.metrics import SimMetrics
+from autoscaler.sim.records import Repartition, SimConfig, SimReplica
+
+__all__ = ["SimCluster", "SimConfig"]
 
 
-@dataclass(frozen=True)
-class SimConfig:
-    step_s: float = 5.0  # fluid integration step between ticks
-    start_delay_s: float = 30.0
-    drain_s: float = 5.0
-    repartition_delay_s: float = 180.0
-    scrape_delay_s: float = 15.0
-    metrics_window_s: float = 30.0
-    # A request queued longer than this is dropped (client/Triton timeout): it
-    # counts as an SLO miss but does not hold the queue up forever. 30 s at
-    # 300 req/s caps a replica's backlog at ~9,000 requests.
-    queue_timeout_s: float = 30.0
-    # False: ``in_flight()`` answers None, as an actuator that only knows
-    # ``converging()`` would, and the loop falls back to its global gate
-    # (``benchmarks/policies.py --diagnose`` measures the difference).
-    in_flight_hook: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("step_s", "metrics_window_s"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v > 0):
-                raise ValueError(f"{name}: must be > 0, got {v!r}")
-        for name in ("start_delay_s", "drain_s", "repartition_delay_s", "scrape_delay_s", "queue_timeout_s"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v >= 0):
-                raise ValueError(f"{name}: must be >= 0, got {v!r}")
-
-
-@dataclass
-class _Rep:
-    id: str
-    model: str
-    profile: str
-    gpu: str
-    start: int
-    mu: float
-    capacity: float
-    compute: int
-    state: ReplicaState = ReplicaState.STARTING
-    since_s: float = 0.0
-    ready_at: float | None = None  # None: waits for its GPU's repartition
-    drained_at: float | None = None
-    x: float = 0.0
-    delete_when_drained: bool = False
-    first_step: int = 0
-    cum_busy: list[float] = field(default_factory=list)  # busy-seconds at the end of each step
-
-
-@dataclass
-class _Repart:
-    target: tuple[Placement, ...]
-    done_at: float
-
-
-class SimCluster(SimMetrics):
+class SimCluster(SimActions, SimMetrics):
     """The world the loop acts on. ``advance()`` is called every ``step_s`` by ``sim.run``."""
 
     def __init__(
@@ -155,12 +92,12 @@ class SimCluster(SimMetrics):
             raise ValueError(f"slo_ms: no p99 target for models {missing}")
         self.slo_s = np.array([slo_ms[m] / 1000.0 for m in self.models])
         self.gpus: dict[str, GpuState] = {g.id: g for g in initial.gpus}
-        self._reps: dict[str, _Rep] = {}
-        self._repart: dict[str, _Repart] = {}
-        self._chains: list[list[Action]] = []  # independent action chains still blocked
-        self._created: dict[int, list[str]] = {}  # chain id -> replicas it created (bare WAIT_READY)
+        self._reps: dict[str, SimReplica] = {}
+        self._repart: dict[str, Repartition] = {}
+        self.queue = ActionQueue()  # action chains still waiting
+        self.fail_starts: set[str] = set()  # replica ids or models whose start fails (faults, see actions.py)
         self._seq = 0
-        self.late_errors: list[str] = []
+        self.late_errors: list[str] = []  # queued actions that failed later (all of them, for the score)
         self.reconfigurations = 0
         self.creates = 0
         self.deletes = 0
@@ -188,188 +125,6 @@ class SimCluster(SimMetrics):
         )
         return ClusterState(tuple(self.gpus.values()), reps)
 
-    # ------------------------------------------------------------ Actuator
-
-    def apply(self, actions: Sequence[Action]) -> list[str]:
-        now = self.clock.now()
-        self._timers(now)
-        self.apply_calls.append((now, tuple(actions)))
-        for chain in self._split(actions):
-            self._chains.append(chain)
-            self._created[id(chain)] = []
-        return self._process(now)
-
-    def converging(self) -> bool:
-        self._timers(self.clock.now())
-        return bool(
-            self._chains
-            or self._repart
-            or any(r.state in (ReplicaState.STARTING, ReplicaState.DRAINING) for r in self._reps.values())
-        )
-
-    def in_flight(self) -> tuple[frozenset[str], frozenset[str]] | None:
-        """(GPUs, models) with work under way: a repartition, a drain, or actions still queued.
-
-        A replica that is merely STARTING is not listed, and nor is a queued
-        WAIT_READY on it: it is capacity on its way, which the snapshot shows
-        and the policy already counts. What the snapshot cannot show yet --
-        a queued CREATE, DRAIN, DELETE or REPARTITION -- makes its GPU and
-        model busy.
-        """
-        if not self.config.in_flight_hook:
-            return None
-        self._timers(self.clock.now())
-        gpus = set(self._repart) | {r.gpu for r in self._reps.values() if r.state == ReplicaState.DRAINING}
-        models: set[str] = set()
-        for chain in self._chains:
-            for a in chain:
-                if a.kind == ActionKind.WAIT_READY:
-                    continue
-                g, m = self._keys(a)
-                if g is not None:
-                    gpus.add(g)
-                if m is not None:
-                    models.add(m)
-        return frozenset(gpus), frozenset(models)
-
-    def _keys(self, a: Action) -> tuple[str | None, str | None]:
-        r = self._reps.get(a.replica) if a.replica is not None else None
-        return (a.gpu if a.gpu is not None else (r.gpu if r else None),
-                a.model if a.model is not None else (r.model if r else None))
-
-    def _split(self, actions: Sequence[Action]) -> list[list[Action]]:
-        """Independent chains: actions linked by a shared GPU or model, each in its original order."""
-        from autoscaler.loop import action_groups  # the loop's gate links actions the same way
-
-        def owner(rid: str) -> tuple[str, str] | None:
-            r = self._reps.get(rid)
-            return (r.gpu, r.model) if r is not None else None
-
-        chains: dict[int, list[Action]] = {}
-        for a, g in zip(actions, action_groups(actions, owner)):
-            chains.setdefault(g, []).append(a)
-        return list(chains.values())
-
-    def _process(self, now: float) -> list[str]:
-        errors: list[str] = []
-        for chain in list(self._chains):
-            while chain:
-                a = chain[0]
-                res = self._try(a, now, chain)
-                if res == "wait":
-                    break
-                chain.pop(0)
-                if res != "done":
-                    errors.append(res)
-            if not chain:
-                self._chains.remove(chain)
-                self._created.pop(id(chain), None)
-        return errors
-
-    def _find(self, a: Action) -> _Rep | None:
-        if a.replica is not None:
-            return self._reps.get(a.replica)
-        for r in self._reps.values():
-            if r.gpu == a.gpu and r.start == a.start and (a.model is None or r.model == a.model):
-                return r
-        return None
-
-    def _layout(self, gpu: str) -> tuple[Placement, ...]:
-        rp = self._repart.get(gpu)
-        return rp.target if rp else tuple(self.gpus[gpu].layout)
-
-    def _occupant(self, gpu: str, start: int, profile: str) -> _Rep | None:
-        prof = get_product(self.gpus[gpu].product).profile(profile)
-        span = set(prof.span(start))
-        for r in self._reps.values():
-            if r.gpu != gpu:
-                continue
-            other = get_product(self.gpus[gpu].product).profile(r.profile)
-            if span.intersection(other.span(r.start)):
-                return r
-        return None
-
-    def _try(self, a: Action, now: float, chain: list[Action]) -> str:
-        k = a.kind
-        if k == ActionKind.CREATE:
-            if a.gpu not in self.gpus:
-                return f"create: unknown gpu {a.gpu!r}"
-            spec = self.specs.get(a.model or "")
-            if spec is None:
-                return f"create: unknown model {a.model!r}"
-            if a.profile not in spec.capacity:
-                return f"create {a.model}: no capacity for profile {a.profile!r}"
-            pl = Placement(a.start if a.start is not None else -1, a.profile or "")
-            if pl not in self._layout(a.gpu):
-                return f"create {a.model}: gpu {a.gpu} has no instance {pl} (layout {list(map(str, self._layout(a.gpu)))})"
-            occ = self._occupant(a.gpu, pl.start, pl.profile)
-            if occ is not None:
-                if occ.state == ReplicaState.DRAINING:
-                    return "wait"
-                return f"create {a.model}: instance {pl} on {a.gpu} is taken by {occ.id}"
-            ready_at = None if a.gpu in self._repart else now + self.config.start_delay_s
-            rid = self._add(a.model or "", pl.profile, a.gpu, pl.start, ready_at=ready_at, rid=a.replica)
-            self._created.setdefault(id(chain), []).append(rid)
-            self.creates += 1
-            return "done"
-        if k == ActionKind.WAIT_READY:
-            r = self._find(a)
-            made = self._created.get(id(chain), [])
-            waiting = [r] if r is not None else [self._reps[i] for i in made if i in self._reps]
-            if any(w.state == ReplicaState.STARTING for w in waiting):
-                return "wait"
-            return "done"
-        if k == ActionKind.DRAIN:
-            r = self._find(a)
-            if r is None:
-                return f"drain: no replica {a.replica or (a.gpu, a.start)}"
-            if r.state == ReplicaState.STARTING:
-                self._remove(r)
-            elif r.state != ReplicaState.DRAINING:
-                r.state, r.since_s, r.drained_at = ReplicaState.DRAINING, now, now + self.config.drain_s
-            return "done"
-        if k == ActionKind.DELETE:
-            r = self._find(a)
-            if r is None:
-                return "done"  # already gone: deleting is idempotent
-            if r.state == ReplicaState.DRAINING and r.drained_at is not None and r.drained_at > now:
-                r.delete_when_drained = True  # removed by advance() once drained; later actions need not wait
-                return "done"
-            self._remove(r)
-            return "done"
-        if k == ActionKind.REPARTITION:
-            if a.gpu not in self.gpus or a.layout is None:
-                return f"repartition: unknown gpu {a.gpu!r} or no layout"
-            g = self.gpus[a.gpu]
-            target = tuple(sorted(a.layout))
-            probs = check_layout(get_product(g.product), target)
-            if probs:
-                return f"repartition {a.gpu}: " + "; ".join(probs)
-            if a.gpu in self._repart:
-                return "wait"
-            if target == tuple(sorted(g.layout)):
-                return "done"
-            removed = set(g.layout) - set(target)
-            for pl in removed:
-                occ = self._occupant(a.gpu, pl.start, pl.profile)
-                if occ is None:
-                    continue
-                if occ.state == ReplicaState.DRAINING or self._queued_removal(occ, chain):
-                    return "wait"  # make-before-break: the drain finishes first
-                return f"repartition {a.gpu}: instance {pl} still serves {occ.id}"
-            # replicas on instances the new layout keeps must not overlap a new instance
-            self._repart[a.gpu] = _Repart(target, now + self.config.repartition_delay_s)
-            self.gpus[a.gpu] = replace(g, layout=target)
-            self.reconfigurations += 1
-            return "done"
-        return f"{k}: not supported by the simulator"
-
-    def _queued_removal(self, r: _Rep, chain: list[Action]) -> bool:
-        return any(
-            x.kind in (ActionKind.DRAIN, ActionKind.DELETE) and self._find(x) is r
-            for c in self._chains for x in (c[1:] if c is chain else c)
-        )
-
     def _add(
         self, model: str, profile: str, gpu: str, start: int, *, ready_at: float | None, rid: str | None = None,
         state: ReplicaState = ReplicaState.STARTING,
@@ -381,11 +136,11 @@ class SimCluster(SimMetrics):
         mu = self.service_rps.get(model, {}).get(profile) or q.service_rate(cap, float(self.slo_s[self.midx[model]] * 1000.0))
         compute = get_product(self.gpus[gpu].product).profile(profile).compute
         now = self.clock.now()
-        self._reps[rid] = _Rep(rid, model, profile, gpu, start, mu, cap, compute, state, now, ready_at,
+        self._reps[rid] = SimReplica(rid, model, profile, gpu, start, mu, cap, compute, state, now, ready_at,
                                first_step=len(self.t))
         return rid
 
-    def _remove(self, r: _Rep) -> None:
+    def _remove(self, r: SimReplica) -> None:
         self._reps.pop(r.id, None)
         self.deletes += 1
 
@@ -412,9 +167,10 @@ class SimCluster(SimMetrics):
                 self._remove(r)
                 continue
             if r.state == ReplicaState.STARTING and r.ready_at is not None and r.ready_at <= now:
-                r.state, r.since_s = ReplicaState.READY, r.ready_at
-        if self._chains:
-            self.late_errors.extend(self._process(now))
+                failed = r.id in self.fail_starts or r.model in self.fail_starts
+                r.state, r.since_s = (ReplicaState.FAILED if failed else ReplicaState.READY), r.ready_at
+        if self.queue:
+            self._run_queue(now)
 
     def _integrate(self, lam_m: np.ndarray, dt: float, now: float) -> None:
         n = len(self.models)

@@ -1,10 +1,11 @@
 """``simulate``: drive one policy over one trace in the simulated cluster and score it.
 
-Place in the loop: this is the clock and the wiring. Every ``tick_s`` it runs
-the policy's tick (the production ``ControlLoop`` for ``migscale``, the
-``sim/baselines.py`` functions for the HPA baselines); between ticks it
-advances ``SimCluster`` in ``step_s`` steps at the trace's rates. It decides
-nothing itself.
+Place in the loop: this is the wiring. The one run loop, ``driver.Driver``,
+ticks the policy (the production ``ControlLoop`` for ``migscale``, the
+``sim/baselines.py`` functions for the HPA baselines) on simulated time,
+``SimTime``: a clock whose ``sleep`` *is* the world moving on -- ``SimCluster``
+advances in ``step_s`` steps at the trace's rates -- so the driver's waits
+between ticks are what integrates the world. It decides nothing itself.
 
 Scoring starts at t = 0 after a warm-up (``warmup_s``, default 1800 s) in which
 the trace's first rate is held: every policy starts from the state it would
@@ -25,13 +26,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from autoscaler.clock import VirtualClock
+from autoscaler.driver import Driver, Hooks
 from autoscaler.mig import Placement, get_product
 from autoscaler.policy.types import ClusterState, GpuState, ModelSpec, Replica, ReplicaState
 from autoscaler.sim import baselines as bl
@@ -191,17 +193,21 @@ def simulate_specs(
         driver.bind(cluster)
     n_warm = math.ceil(warmup_s / step_s - 1e-9)
     first = demand[:, 0]
-    next_tick = clock.now()
-    ticks = 0
+    time_ = SimTime(cluster, n_warm + demand.shape[1], lambda k: first if k < n_warm else demand[:, k - n_warm])
     errors: list[str] = []
-    for k in range(-n_warm, demand.shape[1]):
-        if driver is not None and clock.now() >= next_tick - 1e-9:
-            res = driver.tick()
-            ticks += 1
-            if res.errors:
-                errors.extend(f"t={res.t_s:.0f}s: {e}" for e in res.errors)
-            next_tick += res.next_delay_s if getattr(res, "next_delay_s", 0) else tick_s
-        cluster.advance(first if k < 0 else demand[:, k])
+    ticks = 0
+    if driver is not None:
+
+        def after_tick(res: Any) -> None:  # a loop.TickResult or a baseline's _TickOut
+            errors.extend(f"t={res.t_s:.0f}s: {e}" for e in res.errors)
+
+        d = Driver(driver, time_, tick_s=tick_s, slice_s=step_s, hooks=Hooks(after_tick=after_tick))
+        d.run(time_.ended)
+        ticks = d.ticks
+        if d.tick_errors:
+            errors.append(f"{d.tick_errors} tick(s) raised, the last: {d.last_error}")
+    while not time_.ended():  # a policy that never acts (static peak): the world still runs
+        time_.sleep(step_s)
     errors.extend(cluster.late_errors)
     res = _score(policy_name, specs, slo_ms, cluster, demand, step_s, n_warm, len(cluster.gpus),
                  time.perf_counter() - wall0, ticks, errors)
@@ -209,7 +215,42 @@ def simulate_specs(
     return res
 
 
-# ------------------------------------------------------------------ drivers
+# ------------------------------------------------------------------ time and tickers
+
+
+class SimTime:
+    """The driver's clock in the simulator: ``sleep(dt)`` integrates the world for ``dt``.
+
+    Time moves in whole ``step_s`` steps of ``SimCluster.advance``, step ``k``
+    at the per-model arrival rates ``rates(k)`` (``before_step(k)`` first, to
+    record the world as the step begins); a sleep that ends inside a step ends
+    at that step's end, so a tick is always on the step grid, at the first
+    step boundary at or after its due time (ticks due at 0, 7, 14 s with 5 s
+    steps run at 0, 10, 15 s). ``ended()`` once all ``steps`` have run.
+    """
+
+    def __init__(self, cluster: SimCluster, steps: int, rates: Callable[[int], np.ndarray],
+                 before_step: Callable[[int], None] | None = None) -> None:
+        self.cluster = cluster
+        self.steps = steps
+        self.rates = rates
+        self.before_step = before_step
+        self.k = 0
+        self.target = cluster.clock.now()
+
+    def now(self) -> float:
+        return self.cluster.clock.now()
+
+    def sleep(self, seconds: float) -> None:
+        self.target += seconds
+        while not self.ended() and self.cluster.clock.now() < self.target - 1e-9:
+            if self.before_step is not None:
+                self.before_step(self.k)
+            self.cluster.advance(self.rates(self.k))
+            self.k += 1
+
+    def ended(self) -> bool:
+        return self.k >= self.steps
 
 
 @dataclass
@@ -217,6 +258,7 @@ class _TickOut:
     t_s: float
     errors: tuple[str, ...]
     next_delay_s: float
+    ok: bool = True
 
 
 class _HpaDriver:

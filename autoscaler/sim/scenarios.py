@@ -5,7 +5,7 @@ content a benchmark would otherwise read from disk, built programmatically so
 the fleet's size and spread are parameters.
 
 Capacity tables follow the *shapes* of the MIGPerf measurements on
-A100-80GB (FACTS.md §2), scaled per model:
+A100-80GB (docs/profile-throughput.md), scaled per model:
 
 - ``cnn-b1`` (ResNet-50 at batch 1): 1g 127, 2g 171, 3g 191, 7g 192 req/s --
   small slices are 4.6x more efficient per slice than a whole GPU;

@@ -17,10 +17,10 @@ gives the same trace, byte for byte.
 - ``bursty``: burst onsets arrive with Gamma inter-arrival times (shape
   1/cv^2; mean 10 min); each burst holds a Gamma-distributed rate level (mean
   1, CV ``cv`` = 1), reached through a 2-minute lag -- the BurstGPT shape
-  (FACTS.md §11). Peaks reach 3-5x the mean.
+  (docs/traces.md). Peaks reach 3-5x the mean.
 - ``flash``: a steady base rate; at a random moment the rate ramps to
   ``flash_x`` times the base in 30 s, holds 10 minutes, then decays.
-- ``azure``: an Azure-Functions-2019-like mix (FACTS.md §11): per-minute counts,
+- ``azure``: an Azure-Functions-2019-like mix (docs/traces.md): per-minute counts,
   a diurnal and a weekly cycle, lognormal popularity across models (sigma 2.5:
   12 models span ~4 orders of magnitude, the 8 of the paper is over 10^5
   functions), and Gamma-Poisson minute counts (Gamma CV 0.3) -- over-dispersed

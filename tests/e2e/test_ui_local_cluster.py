@@ -54,7 +54,7 @@ def stack(tmp_path_factory):
     feeder = None
     try:
         cluster.start()
-        errs = cluster.apply([
+        errs = cluster.apply_and_wait([
             Action(ActionKind.CREATE, Reason.SCALE_UP_DEMAND, gpu=GPU, model="resnet", profile="1g.10gb", start=6),
             Action(ActionKind.CREATE, Reason.SCALE_UP_DEMAND, gpu=GPU, model="rnn", profile="2g.20gb", start=4),
             Action(ActionKind.WAIT_READY, Reason.SCALE_UP_DEMAND),
@@ -109,7 +109,7 @@ def test_local_cluster_replicas_on_their_slots_and_scale_up(stack):
                 f"article.gpu[data-gpu='{GPU}'] .inst[data-start='0'] .rep[data-replica='{new.id}']", timeout=5_000)
             assert time.monotonic() - t0 < 5.0
             assert page.evaluate("window.__no_reload") == 7
-            errs = cluster.apply([Action(ActionKind.WAIT_READY, Reason.SCALE_UP_DEMAND, replica=new.id)])
+            errs = cluster.apply_and_wait([Action(ActionKind.WAIT_READY, Reason.SCALE_UP_DEMAND, replica=new.id)])
             assert errs == []
             page.wait_for_selector(f".rep[data-replica='{new.id}'][data-state='ready']", timeout=5_000)
             assert _replicas_on_page(page) == {r.id: [r.gpu, r.start] for r in cluster.snapshot().replicas}

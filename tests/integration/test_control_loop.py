@@ -26,7 +26,9 @@ from _support import wait_until
 from autoscaler.act.local.cluster import LocalCluster
 from autoscaler.act.local.replicas import ModelRuntime
 from autoscaler.clock import WallClock
+from autoscaler.driver import Driver
 from autoscaler.loop import ControlLoop
+from autoscaler.mig.layout import Placement
 from autoscaler.observe.prometheus import PrometheusSource
 from autoscaler.observe.queries import Queries
 from autoscaler.observe.scrape import ScrapeSource
@@ -117,7 +119,7 @@ def test_load_step_scales_up_and_end_of_load_scales_down_after_stabilization(tmp
     c = LocalCluster(
         run_dir,
         {"resnet": ModelRuntime("resnet", REPO, "resnet")},
-        [GpuState(GPU, "node-a", "A100-SXM4-80GB", layout=())],
+        [GpuState(GPU, "node-a", "A100-SXM4-80GB", layout=(Placement(6, "1g.10gb"),))],
         prometheus="auto",
     )
     stop = threading.Event()
@@ -126,7 +128,7 @@ def test_load_step_scales_up_and_end_of_load_scales_down_after_stabilization(tmp
     try:
         c.start()
         assert c.prometheus_url is not None, c.prom.banner()
-        errs = c.apply(
+        errs = c.apply_and_wait(
             [
                 Action(
                     ActionKind.CREATE,
@@ -142,7 +144,8 @@ def test_load_step_scales_up_and_end_of_load_scales_down_after_stabilization(tmp
         assert errs == []
         source = PrometheusSource(c.prometheus_url, window_s=6.0, metrics_stale_s=30.0, timeout_s=3.0)
         loop = ControlLoop(source, c, c, _config(), WallClock(), decision_log=log)
-        loop_thread = threading.Thread(target=loop.run, args=(stop,), daemon=True)
+        driver = Driver(loop, WallClock(), tick_s=loop.config.tick_s)
+        loop_thread = threading.Thread(target=driver.run, args=(stop,), daemon=True)
         loop_thread.start()
         # idle: one replica, nothing to do
         _wait(lambda: log.is_file() and len(log.read_text().splitlines()) >= 3, 60, "first decisions")

@@ -149,11 +149,13 @@ def _success_count(replica) -> float:
 def cluster(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("local-cluster")
     models = {m: ModelRuntime(m, REPO, m) for m in ("resnet", "rnn")}
-    c = LocalCluster(run_dir, models, [GpuState(GPU, "node-a", "A100-SXM4-80GB", layout=())])
+    # the instances the tests use are carved up front: a CREATE needs its instance (protocols.py)
+    layout = (Placement(0, "2g.20gb"), Placement(2, "2g.20gb"), Placement(5, "1g.10gb"), Placement(6, "1g.10gb"))
+    c = LocalCluster(run_dir, models, [GpuState(GPU, "node-a", "A100-SXM4-80GB", layout=layout)])
     watch = PidWatch(c)
     try:
         c.start()
-        errs = c.apply(
+        errs = c.apply_and_wait(
             [
                 Action(ActionKind.CREATE, R, gpu=GPU, model="resnet", profile="1g.10gb", start=6),
                 Action(ActionKind.CREATE, R, gpu=GPU, model="rnn", profile="1g.10gb", start=5),
@@ -191,7 +193,7 @@ def test_scale_1_3_1_under_load_loses_no_request(cluster):
     assert len(_by_model(cluster, "resnet")) == 1
     with Load(cluster.frontdoor_url, "resnet") as load:
         wait_until(lambda: load.ok > 20, 30, "load to start")
-        errs = cluster.apply(
+        errs = cluster.apply_and_wait(
             [
                 Action(ActionKind.CREATE, R, gpu=GPU, model="resnet", profile="2g.20gb", start=0),
                 Action(ActionKind.CREATE, R, gpu=GPU, model="resnet", profile="2g.20gb", start=2),
@@ -205,7 +207,7 @@ def test_scale_1_3_1_under_load_loses_no_request(cluster):
         for r in new:
             wait_until(lambda r=r: _success_count(r) > 0, 30, f"traffic on {r.id}")
         new_pids = [r.process.pid for r in new]
-        errs = cluster.apply(
+        errs = cluster.apply_and_wait(
             [Action(ActionKind.DRAIN, R, replica=r.id) for r in new]
             + [Action(ActionKind.DELETE, R, replica=r.id) for r in new]
         )

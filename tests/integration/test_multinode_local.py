@@ -133,7 +133,7 @@ def _client(c: LocalCluster) -> th.InferenceServerClient:
 def _converge(c: LocalCluster, demand: float) -> list:
     """Plan with the real planner for ``demand`` req/s and apply; returns the actions."""
     p = plan([SPEC], {"llm": demand}, c.snapshot())
-    errors = c.apply(p.actions)
+    errors = c.apply_and_wait(p.actions, 120)
     assert errors == []
     return list(p.actions)
 

@@ -1,4 +1,4 @@
-"""Fixtures for the Kubernetes backend tests: a fake API server on a free loopback port."""
+"""Fixtures for the Kubernetes tests: the emulated API server alone, or a whole emulated cluster."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from crdschema import validate_crd_object
+from emulated import EmulatedCluster
 from fakeapi import FakeKube
 
 from autoscaler.act.kubernetes.client import KubeRest
@@ -18,7 +19,8 @@ from autoscaler.act.kubernetes.client import KubeRest
 
 @pytest.fixture
 def fake() -> Iterator[FakeKube]:
-    server = FakeKube(version="1.30", crd_validator=validate_crd_object)
+    """The API server alone (no controllers): objects change only when a test writes them."""
+    server = FakeKube(version="1.30", crd_validator=validate_crd_object, bookmark_s=0.1)
     url = server.serve()
     server.url = url  # type: ignore[attr-defined]
     try:
@@ -28,11 +30,24 @@ def fake() -> Iterator[FakeKube]:
 
 
 @pytest.fixture
-def connect(fake: FakeKube) -> Iterator:
+def cluster() -> Iterator[EmulatedCluster]:
+    """API server plus Deployment/ReplicaSet/disruption controllers, scheduler, kubelet, mig-manager."""
+    c = EmulatedCluster(ready_delay_s=0.3, stop_s=0.2, mig_delay_s=0.5, bookmark_s=0.1).start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def connect(request: pytest.FixtureRequest) -> Iterator:
+    """KubeRest clients to whichever server the test uses (``cluster`` if requested, else ``fake``)."""
     clients: list[KubeRest] = []
+    url = (request.getfixturevalue("cluster").url if "cluster" in request.fixturenames
+           else request.getfixturevalue("fake").url)
 
     def make(user_agent: str = "migscale-test") -> KubeRest:
-        rest = KubeRest.connect(fake.url, user_agent=user_agent)  # type: ignore[attr-defined]
+        rest = KubeRest.connect(url, user_agent=user_agent)
         clients.append(rest)
         return rest
 
@@ -41,3 +56,25 @@ def connect(fake: FakeKube) -> Iterator:
     finally:
         for c in clients:
             c.close()
+
+
+@pytest.fixture
+def backends(connect) -> Iterator:
+    """KubernetesBackends on the test's server, closed (informers stopped) at the end."""
+    from k8s_helpers import CFG, LLM, RESNET
+
+    from autoscaler.act.kubernetes.backend import KubernetesBackend
+
+    made: list[KubernetesBackend] = []
+
+    def make(models=(RESNET, LLM), cfg=CFG, user_agent: str = "migscale/test", **kw) -> KubernetesBackend:
+        kw.setdefault("identity", user_agent.rpartition("/")[2])
+        be = KubernetesBackend(connect(user_agent), list(models), cfg, watch_timeout_s=5, **kw)
+        made.append(be)
+        return be
+
+    try:
+        yield make
+    finally:
+        for be in made:
+            be.close()

@@ -1,35 +1,60 @@
-"""A small in-memory Kubernetes API server for the backend tests.
+"""An emulated Kubernetes API server: what the backend tests, the end-to-end test and the benchmark talk to.
 
-No real API server can be installed on these machines (FACTS.md §12), so this
-speaks the REST protocol the official ``kubernetes`` client uses, on
-127.0.0.1 and a free port, with the semantics migscale relies on:
+No real API server can be installed on these machines, so this one speaks the
+REST protocol the official ``kubernetes`` client uses, on 127.0.0.1 and a free
+port, with the semantics migscale relies on (sources in docs/kubernetes.md).
+It is longer than the usual module because the REST verbs, the watch stream
+and the write path share one store and one lock; splitting them would spread
+one invariant (every change gets one resourceVersion and one watch event)
+over several files.
 
-- objects keyed by (group, plural, namespace, name), a global resourceVersion;
-- create -> 409 AlreadyExists; get/replace/patch/delete of a missing object -> 404;
-- replace (PUT) or patch carrying a stale ``metadata.resourceVersion`` -> 409
-  Conflict (optimistic concurrency, which Lease-based leader election needs);
-- create/replace of an invalid object -> 422 Invalid (built-in kinds checked
-  with kubernetes-validate, CRD kinds with the stored CRD schemas);
-- JSON merge patch (``application/merge-patch+json``; strategic merge patch
-  is treated the same, which is enough for labels and ``spec.unschedulable``);
-- list with ``labelSelector`` (equality and set-based) and ``fieldSelector``
-  (``spec.nodeName``, ``metadata.name``);
-- the ``scale`` subresource of Deployments and LeaderWorkerSets;
-- ``pods/<name>/eviction`` (deletes the pod; 429 while the test blocks it).
+- **Store**: objects keyed by (group, plural, namespace, name); one global
+  resourceVersion; ``generation`` bumped on spec changes; server-side
+  defaulting before validation (``fakesem``); built-in kinds validated with
+  kubernetes-validate (422 Invalid), CRD kinds with the stored CRD schemas.
+- **Verbs**: create (409 AlreadyExists), get/replace/patch/delete of a
+  missing object (404), replace or patch with a stale
+  ``metadata.resourceVersion`` (409 Conflict), JSON merge patch (strategic
+  merge patch is treated as a merge patch, which is exact for the maps
+  migscale patches: labels, annotations, ``spec.unschedulable``).
+- **Subresources**: ``status`` (a main-resource update keeps the stored
+  status; a status update changes nothing else), ``scale`` (Deployment,
+  ReplicaSet, LeaderWorkerSet), ``pods/<name>/eviction`` checked against the
+  PodDisruptionBudget's status as the API server does (429 while
+  ``disruptionsAllowed`` is 0 or the budget is not yet observed, 500 for a pod
+  under two budgets; each allowed eviction decrements the budget and records
+  the pod in ``disruptedPods``).
+- **Watch**: ``?watch=1`` streams newline-delimited events over chunked HTTP
+  from a per-resource history window. ``resourceVersion`` unset or "0" sends
+  synthetic ADDED events first; an older version than the window holds gets
+  an ERROR event carrying a 410 Expired Status and the stream ends;
+  ``allowWatchBookmarks`` adds BOOKMARK events (an object carrying only
+  ``metadata.resourceVersion``) every ``bookmark_s`` and before the stream
+  closes at ``timeoutSeconds``. An object that stops (starts) matching a
+  watch's selector is sent as DELETED (ADDED), as the watch cache does.
+- **Deletion**: a Pod bound to a node is deleted gracefully when
+  ``graceful_pods`` (``deletionTimestamp`` set; the emulated kubelet removes
+  it); everything else goes at once. Owner references are garbage-collected
+  in the background policy (dependents go once no owner is left) or orphaned
+  (``propagationPolicy: Orphan``).
 
-Tests observe it through ``requests`` (method, path, user agent) and change
-it through ``objects`` / ``put_object``; ``hooks`` run after every write,
-e.g. to play the GPU Operator's mig-manager.
+Tests observe it through ``requests``, ``field_writers`` and ``get``/``list``,
+and change it through ``put_object`` (no validation: another controller's
+write) or the write methods emulated controllers use (``create_obj``,
+``update_obj``, ``delete_obj``, ``remove_now``). ``hooks`` run after every
+write; ``fail_next``/``before``/``blocked_evictions`` inject faults.
 """
 
 from __future__ import annotations
 
-import copy
+import bisect
 import json
 import re
 import threading
+import time
 import uuid
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -37,59 +62,79 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import kubernetes_validate
+from fakesem import (
+    apply_defaults,
+    changed_fields,
+    copy_obj,
+    fields_match,
+    manager_of,
+    match_labels_selector,
+    selector_matches,
+)
 
 Obj = dict[str, Any]
+Key = tuple[str, str, "str | None", str]
 
-# (group, plural) -> (kind, namespaced)
-RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
-    ("", "nodes"): ("Node", False),
-    ("", "namespaces"): ("Namespace", False),
-    ("", "pods"): ("Pod", True),
-    ("", "services"): ("Service", True),
-    ("", "configmaps"): ("ConfigMap", True),
-    ("apps", "deployments"): ("Deployment", True),
-    ("policy", "poddisruptionbudgets"): ("PodDisruptionBudget", True),
-    ("autoscaling", "horizontalpodautoscalers"): ("HorizontalPodAutoscaler", True),
-    ("coordination.k8s.io", "leases"): ("Lease", True),
-    ("monitoring.coreos.com", "podmonitors"): ("PodMonitor", True),
-    ("leaderworkerset.x-k8s.io", "leaderworkersets"): ("LeaderWorkerSet", True),
+
+@dataclass(frozen=True)
+class Res:
+    kind: str
+    namespaced: bool
+    status: bool = False  # has a status subresource
+    scale: bool = False  # has a scale subresource
+
+
+RESOURCES: dict[tuple[str, str], Res] = {
+    ("", "nodes"): Res("Node", False, status=True),
+    ("", "namespaces"): Res("Namespace", False, status=True),
+    ("", "pods"): Res("Pod", True, status=True),
+    ("", "services"): Res("Service", True, status=True),
+    ("", "configmaps"): Res("ConfigMap", True),
+    ("", "events"): Res("Event", True),
+    ("apps", "deployments"): Res("Deployment", True, status=True, scale=True),
+    ("apps", "replicasets"): Res("ReplicaSet", True, status=True, scale=True),
+    ("policy", "poddisruptionbudgets"): Res("PodDisruptionBudget", True, status=True),
+    ("autoscaling", "horizontalpodautoscalers"): Res("HorizontalPodAutoscaler", True, status=True),
+    ("coordination.k8s.io", "leases"): Res("Lease", True),
+    ("events.k8s.io", "events"): Res("Event", True),
+    ("monitoring.coreos.com", "podmonitors"): Res("PodMonitor", True),
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"): Res("LeaderWorkerSet", True, status=True, scale=True),
 }
-SCALABLE = {("apps", "deployments"), ("leaderworkerset.x-k8s.io", "leaderworkersets")}
+KIND_TO_RES = {(g, r.kind): (g, p) for (g, p), r in RESOURCES.items() if not (g == "" and r.kind == "Event")}
 
 _PATH = re.compile(
     r"^/(?:api/(?P<cv>v1)|apis/(?P<g>[^/]+)/(?P<v>[^/]+))"
     r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$"
 )
+REASONS = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed", 409: "Conflict", 410: "Expired",
+           415: "UnsupportedMediaType", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
+           503: "ServiceUnavailable"}
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def status(code: int, reason: str, message: str) -> Obj:
-    return {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure" if code >= 400 else "Success",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
+def status(code: int, reason: str, message: str, details: Obj | None = None) -> Obj:
+    out = {"kind": "Status", "apiVersion": "v1", "metadata": {},
+           "status": "Failure" if code >= 400 else "Success", "message": message, "reason": reason, "code": code}
+    if details:
+        out["details"] = details
+    return out
 
 
 class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(self, code: int, reason: str, message: str, details: Obj | None = None) -> None:
         super().__init__(message)
-        self.body = status(code, reason, message)
+        self.body = status(code, reason, message, details)
         self.code = code
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+        return copy_obj(patch) if isinstance(patch, (dict, list)) else patch
+    out = copy_obj(target) if isinstance(target, dict) else {}
     for k, v in patch.items():
         if v is None:
             out.pop(k, None)
@@ -98,82 +143,78 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return out
 
 
-def _selector_matches(selector: str, lbls: dict[str, str]) -> bool:
-    # split on commas outside parentheses
-    parts, depth, cur = [], 0, ""
-    for ch in selector:
-        depth += ch == "("
-        depth -= ch == ")"
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur)
-    for raw in (p.strip() for p in parts):
-        if not raw:
-            continue
-        m = re.match(r"^(\S+)\s+(in|notin)\s+\((.*)\)$", raw)
-        if m:
-            key, op, vals = m.group(1), m.group(2), {v.strip() for v in m.group(3).split(",")}
-            if (op == "in") != (lbls.get(key) in vals):
-                return False
-        elif "!=" in raw:
-            key, val = raw.split("!=", 1)
-            if lbls.get(key.strip()) == val.strip():
-                return False
-        elif "=" in raw:
-            key, val = raw.replace("==", "=").split("=", 1)
-            if lbls.get(key.strip()) != val.strip():
-                return False
-        elif raw.startswith("!"):
-            if raw[1:] in lbls:
-                return False
-        elif raw not in lbls:
-            return False
-    return True
-
-
-def _field(obj: Obj, path: str) -> Any:
-    cur: Any = obj
-    for part in path.split("."):
-        cur = cur.get(part) if isinstance(cur, dict) else None
-    return cur
-
-
 @dataclass
 class Request:
     method: str
     path: str
     user_agent: str
     status: int = 0
+    query: str = ""
+
+
+@dataclass
+class _Event:
+    rv: int
+    type: str  # ADDED | MODIFIED | DELETED
+    obj: Obj
+    prev: Obj | None
 
 
 class FakeKube:
     """The store and the semantics; ``serve()`` puts it on a port."""
 
     def __init__(
-        self, version: str = "1.30", crd_validator: Callable[[Obj], list[str]] | None = None
+        self,
+        version: str = "1.30",
+        crd_validator: Callable[[Obj], list[str]] | None = None,
+        *,
+        history: int = 2000,
+        bookmark_s: float = 60.0,
+        graceful_pods: bool = False,
+        now: Callable[[], float] = time.time,
     ) -> None:
         self.version = version
         self.crd_validator = crd_validator
-        self.objects: dict[tuple[str, str, str | None, str], Obj] = {}
-        self.requests: list[Request] = []
+        self.history = history
+        self.bookmark_s = bookmark_s
+        self.graceful_pods = graceful_pods
+        self.now = now
+        self.objects: dict[Key, Obj] = {}
+        self._by_type: dict[tuple[str, str], dict[Key, Obj]] = {}
+        self._owners: dict[str, set[Key]] = {}  # owner uid -> dependents
+        self._uids: dict[str, Key] = {}
+        self._events: dict[tuple[str, str], list[_Event]] = {}
+        self._dropped: dict[tuple[str, str], int] = {}  # highest rv no longer in the window
+        self.requests: deque[Request] = deque(maxlen=200_000)
+        self.request_counts: Counter[tuple[str, str]] = Counter()  # (manager, method) -> n
+        self.field_writers: dict[tuple[str, str | None, str], dict[str, set[str]]] = {}
         self.hooks: list[Callable[[FakeKube, str, Obj], None]] = []
         self.blocked_evictions: set[str] = set()
-        self.fail_next: list[tuple[str, str, int]] = []  # (method, path-substring, code) injected once
-        # called with (method, path) before a request is handled: lets a test
-        # slip in a competing write between a client's read and its update
-        self.before: list[Callable[[str, str], None]] = []
+        self.fail_next: list[tuple[str, str, int]] = []  # (method, path-substring, code), each once
+        self.before: list[Callable[[str, str], None]] = []  # called before a request is handled
         self._rv = 0
+        self._ips = [0]
         self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        self.closed = False
         self._server: ThreadingHTTPServer | None = None
 
     # ------------------------------------------------------------ store
 
-    def _next_rv(self) -> str:
-        self._rv += 1
-        return str(self._rv)
+    @property
+    def resource_version(self) -> int:
+        return self._rv
+
+    def _res_of(self, obj: Obj) -> tuple[str, str]:
+        group = obj["apiVersion"].rpartition("/")[0]
+        if obj["kind"] == "Event":
+            return (group, "events")
+        return KIND_TO_RES[(group, obj["kind"])]
+
+    def key_of(self, obj: Obj) -> Key:
+        g, p = self._res_of(obj)
+        meta = obj["metadata"]
+        return (g, p, meta.get("namespace", "default") if RESOURCES[(g, p)].namespaced else None, meta["name"])
 
     def validate(self, obj: Obj) -> None:
         try:
@@ -181,50 +222,260 @@ class FakeKube:
         except kubernetes_validate.SchemaNotFoundError:
             problems = self.crd_validator(obj) if self.crd_validator else []
             if problems:
-                raise ApiError(422, "Invalid", "; ".join(problems))
+                raise ApiError(422, "Invalid", "; ".join(problems)) from None
         except kubernetes_validate.ValidationError as exc:
-            raise ApiError(
-                422, "Invalid", f"{obj.get('kind')} {obj.get('metadata', {}).get('name')}: {exc.message}"
-            )
+            name = obj.get("metadata", {}).get("name")
+            raise ApiError(422, "Invalid", f"{obj.get('kind')} {name}: {exc.message}") from None
 
-    def put_object(self, obj: Obj) -> Obj:
-        """Seed an object directly (no validation), as another controller would."""
+    def _commit(self, key: Key, obj: Obj | None, verb: str, manager: str) -> Obj | None:
+        """The one write path: new resourceVersion, store, owner index, field audit, watch event, hooks."""
         with self.lock:
-            group = obj["apiVersion"].rpartition("/")[0]
-            plural = next(p for (g, p), (k, _) in RESOURCES.items() if g == group and k == obj["kind"])
-            namespaced = RESOURCES[(group, plural)][1]
+            prev = self.objects.get(key)
+            self._rv += 1
+            res = key[:2]
+            typed = self._by_type.setdefault(res, {})
+            if prev is not None:
+                for ref in prev["metadata"].get("ownerReferences") or []:
+                    self._owners.get(ref.get("uid"), set()).discard(key)
+            if prev is not None:
+                self._uids.pop(prev["metadata"].get("uid", ""), None)
+            if obj is None:
+                self.objects.pop(key, None)
+                typed.pop(key, None)
+                last = copy_obj(prev) if prev is not None else None
+                if last is not None:
+                    last["metadata"]["resourceVersion"] = str(self._rv)
+                event = _Event(self._rv, "DELETED", last, prev) if last is not None else None
+            else:
+                obj["metadata"]["resourceVersion"] = str(self._rv)
+                stored = copy_obj(obj)
+                self.objects[key] = stored
+                typed[key] = stored
+                self._uids[stored["metadata"].get("uid", "")] = key
+                for ref in stored["metadata"].get("ownerReferences") or []:
+                    self._owners.setdefault(ref.get("uid"), set()).add(key)
+                event = _Event(self._rv, "ADDED" if prev is None else "MODIFIED", stored, prev)
+            if prev is not None:
+                ident = (event.obj["kind"] if event else prev["kind"], key[2], key[3])
+                changed = changed_fields(prev, obj)
+                if changed:
+                    audit = self.field_writers.setdefault(ident, {})
+                    for path in changed:
+                        audit.setdefault(path, set()).add(manager)
+            if event is not None:
+                log = self._events.setdefault(res, [])
+                log.append(event)
+                if len(log) > 2 * self.history:
+                    cut = len(log) - self.history
+                    self._dropped[res] = log[cut - 1].rv
+                    del log[:cut]
+            self.cond.notify_all()
+        if event is not None:
+            for hook in list(self.hooks):
+                hook(self, verb, copy_obj(event.obj))
+        return obj
+
+    def expire_history(self, kind: str, group: str = "") -> None:
+        """Drop the watch window of one resource (etcd compaction): older watches get 410."""
+        res = KIND_TO_RES[(group, kind)]
+        with self.lock:
+            self._events[res] = []
+            self._dropped[res] = self._rv
+            self.cond.notify_all()
+
+    def put_object(self, obj: Obj, manager: str = "test") -> Obj:
+        """Seed or overwrite an object directly (no defaulting, no validation), as another controller would."""
+        with self.lock:
+            obj = copy_obj(obj)
+            key = self.key_of(obj)
             meta = obj.setdefault("metadata", {})
-            ns = meta.get("namespace", "default") if namespaced else None
-            if namespaced:
-                meta["namespace"] = ns
-            meta.setdefault("uid", str(uuid.uuid4()))
-            meta.setdefault("creationTimestamp", _now())
-            meta["resourceVersion"] = self._next_rv()
-            self.objects[(group, plural, ns, meta["name"])] = copy.deepcopy(obj)
-            return obj
+            if key[2] is not None:
+                meta["namespace"] = key[2]
+            prev = self.objects.get(key)
+            meta.setdefault("uid", prev["metadata"]["uid"] if prev else str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", prev["metadata"]["creationTimestamp"] if prev else iso(self.now()))
+            meta.setdefault("generation", 1)
+            self._commit(key, obj, "PUT" if prev else "POST", manager)
+            return copy_obj(obj)
 
     def get(self, kind: str, name: str, namespace: str | None = "default") -> Obj | None:
         with self.lock:
-            for (g, p, ns, n), obj in self.objects.items():
-                if obj["kind"] == kind and n == name and (ns == namespace or not RESOURCES[(g, p)][1]):
-                    return copy.deepcopy(obj)
+            for (g, p), r in RESOURCES.items():
+                if r.kind == kind:
+                    obj = self.objects.get((g, p, namespace if r.namespaced else None, name))
+                    if obj is not None:
+                        return copy_obj(obj)
         return None
 
-    def list(self, kind: str) -> list[Obj]:
+    def list(self, kind: str, namespace: str | None = None) -> list[Obj]:
         with self.lock:
-            return [copy.deepcopy(o) for o in self.objects.values() if o["kind"] == kind]
+            return [copy_obj(o) for (g, p), typed in self._by_type.items() if RESOURCES[(g, p)].kind == kind
+                    for k, o in typed.items() if namespace is None or k[2] == namespace]
+
+    def view(self, kind: str, group: str = "") -> list[Obj]:
+        """The stored objects of one kind, not copied: for emulated controllers, read-only."""
+        with self.lock:
+            return list(self._by_type.get(KIND_TO_RES[(group, kind)], {}).values())
 
     def writes(self, user_agent: str | None = None) -> list[Request]:
-        return [
-            r
-            for r in self.requests
-            if r.method in ("POST", "PUT", "PATCH", "DELETE")
-            and (user_agent is None or r.user_agent == user_agent)
-        ]
+        return [r for r in list(self.requests) if r.method in ("POST", "PUT", "PATCH", "DELETE")
+                and (user_agent is None or r.user_agent == user_agent)]
+
+    # ------------------------------------------------------------ writes (REST and controllers)
+
+    def create_obj(self, obj: Obj, manager: str = "test", *, validate: bool = True) -> Obj:
+        with self.lock:
+            meta = obj.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            if not meta.get("name"):
+                raise ApiError(422, "Invalid", "metadata.name: Required value")
+            key = self.key_of(obj)
+            if key[2] is not None:
+                meta["namespace"] = key[2]
+            if key in self.objects:
+                raise ApiError(409, "AlreadyExists", f'{key[1]}.{key[0] or "core"} "{key[3]}" already exists')
+            if meta.get("resourceVersion"):
+                raise ApiError(422, "Invalid", "metadata.resourceVersion: must not be set on create")
+            apply_defaults(obj, self._ips)
+            if validate:
+                self.validate(obj)
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = iso(self.now())
+            meta["generation"] = 1
+            if obj["kind"] == "Pod":
+                obj.setdefault("status", {"phase": "Pending"})
+            self._commit(key, obj, "POST", manager)
+            return copy_obj(obj)
+
+    def update_obj(self, obj: Obj, manager: str = "test", *, sub: str | None = None, check_rv: bool = True,
+                   validate: bool = True) -> Obj:
+        """PUT semantics: main resource (status kept) or ``sub='status'`` (only status changes)."""
+        with self.lock:
+            key = self.key_of(obj)
+            current = self.objects.get(key)
+            if current is None:
+                raise ApiError(404, "NotFound", f'{key[1]}.{key[0] or "core"} "{key[3]}" not found')
+            rv = obj.get("metadata", {}).get("resourceVersion")
+            if check_rv and rv and rv != current["metadata"]["resourceVersion"]:
+                raise self._conflict(key)
+            res = RESOURCES[key[:2]]
+            if sub == "status":
+                new = copy_obj(current)
+                new["status"] = copy_obj(obj.get("status") or {})
+            else:
+                new = copy_obj(obj)
+                meta = new.setdefault("metadata", {})
+                for k in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"):
+                    if k in current["metadata"]:
+                        meta[k] = current["metadata"][k]
+                if key[2] is not None:
+                    meta["namespace"] = key[2]
+                if res.status:
+                    if "status" in current:
+                        new["status"] = copy_obj(current["status"])
+                    else:
+                        new.pop("status", None)
+                apply_defaults(new, self._ips)
+                if validate:
+                    self.validate(new)
+                gen = current["metadata"].get("generation", 1)
+                meta["generation"] = gen + 1 if new.get("spec") != current.get("spec") else gen
+            self._commit(key, new, "PUT", manager)
+            return copy_obj(new)
+
+    def delete_obj(self, key: Key, manager: str = "test", *, grace_s: float | None = None,
+                   policy: str | None = None) -> Obj:
+        with self.lock:
+            current = self.objects.get(key)
+            if current is None:
+                raise ApiError(404, "NotFound", f'{key[1]}.{key[0] or "core"} "{key[3]}" not found')
+            if current["kind"] == "Pod" and self.graceful_pods:
+                spec = current.get("spec") or {}
+                grace = spec.get("terminationGracePeriodSeconds", 30) if grace_s is None else grace_s
+                phase = (current.get("status") or {}).get("phase")
+                if spec.get("nodeName") and grace > 0 and phase not in ("Succeeded", "Failed"):
+                    if current["metadata"].get("deletionTimestamp"):
+                        return copy_obj(current)  # already terminating: deleting again changes nothing
+                    new = copy_obj(current)
+                    new["metadata"]["deletionTimestamp"] = iso(self.now() + grace)
+                    new["metadata"]["deletionGracePeriodSeconds"] = int(grace)
+                    self._commit(key, new, "DELETE", manager)
+                    return new
+            return self.remove_now(key, manager, policy=policy)
+
+    def remove_now(self, key: Key, manager: str = "test", *, policy: str | None = None) -> Obj:
+        """Remove the object from the store (the kubelet's final delete of a terminated pod), then GC."""
+        with self.lock:
+            current = self.objects.get(key)
+            if current is None:
+                raise ApiError(404, "NotFound", f'{key[1]} "{key[3]}" not found')
+            self._commit(key, None, "DELETE", manager)
+            uid = current["metadata"].get("uid")
+            for dep in sorted(self._owners.pop(uid, set()), key=str):
+                obj = self.objects.get(dep)
+                if obj is None:
+                    continue
+                refs = obj["metadata"].get("ownerReferences") or []
+                rest = [r for r in refs if r.get("uid") != uid]
+                alive = [r for r in rest if r.get("uid") in self._uids]
+                if policy == "Orphan" or alive:
+                    new = copy_obj(obj)
+                    new["metadata"]["ownerReferences"] = rest
+                    self._commit(dep, new, "PUT", "generic-garbage-collector")
+                else:
+                    self.delete_obj(dep, "generic-garbage-collector")
+            return status(200, "", f"{key[3]} deleted") | {"status": "Success"}
+
+    def _conflict(self, key: Key) -> ApiError:
+        return ApiError(409, "Conflict", f'Operation cannot be fulfilled on {key[1]} "{key[3]}": the object has '
+                        "been modified; please apply your changes to the latest version and try again")
+
+    def evict(self, key: Key, manager: str) -> Obj:
+        with self.lock:
+            pod = self.objects.get(key)
+            if pod is None:
+                raise ApiError(404, "NotFound", f'pods "{key[3]}" not found')
+            if key[3] in self.blocked_evictions:
+                raise ApiError(429, "TooManyRequests",
+                               "Cannot evict pod as it would violate the pod's disruption budget.")
+            if pod["metadata"].get("deletionTimestamp"):
+                return status(201, "", f"pod {key[3]} is already terminating") | {"status": "Success"}
+            phase = (pod.get("status") or {}).get("phase")
+            lbls = pod["metadata"].get("labels") or {}
+            pdbs = [p for (_g, _p, ns, _n), p in self._by_type.get(("policy", "poddisruptionbudgets"), {}).items()
+                    if ns == key[2] and selector_matches(match_labels_selector(p["spec"].get("selector")), lbls)]
+            if len(pdbs) > 1:
+                raise ApiError(500, "InternalError", "This pod has more than one PodDisruptionBudget, "
+                               "which the eviction subresource does not support.")
+            if pdbs and phase not in ("Succeeded", "Failed", "Pending"):
+                self._charge_budget(pdbs[0], pod, manager)
+            self.delete_obj(key, manager)
+            return status(201, "", f"pod {key[3]} evicted") | {"status": "Success"}
+
+    def _charge_budget(self, pdb: Obj, pod: Obj, manager: str) -> None:
+        st = pdb.get("status") or {}
+        name = pdb["metadata"]["name"]
+        if st.get("observedGeneration", 0) < pdb["metadata"].get("generation", 1):
+            raise ApiError(429, "TooManyRequests", f"The disruption budget {name} is still being processed by the server.")
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in (pod.get("status") or {}).get("conditions") or [])
+        if not ready and st.get("currentHealthy", 0) >= st.get("desiredHealthy", 0):
+            return  # an unhealthy pod may go while the budget is otherwise met (IfHealthyBudget)
+        if st.get("disruptionsAllowed", 0) <= 0:
+            raise ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.",
+                           {"causes": [{"reason": "DisruptionBudget", "message": f"The disruption budget {name} needs "
+                                        f"{st.get('desiredHealthy', 0)} healthy pods and has "
+                                        f"{st.get('currentHealthy', 0)} currently"}]})
+        new = copy_obj(pdb)
+        new["status"]["disruptionsAllowed"] = st["disruptionsAllowed"] - 1
+        new["status"].setdefault("disruptedPods", {})[pod["metadata"]["name"]] = iso(self.now())
+        self._commit(self.key_of(new), new, "PUT", manager)
 
     # ------------------------------------------------------------ REST
 
-    def handle(self, method: str, raw_path: str, body: bytes, content_type: str) -> tuple[int, Obj]:
+    def handle(self, method: str, raw_path: str, body: bytes, content_type: str,
+               user_agent: str = "") -> tuple[int, Obj | Iterator[Obj]]:
         url = urlparse(raw_path)
         q = {k: v[0] for k, v in parse_qs(url.query).items()}
         for hook in list(self.before):
@@ -232,210 +483,204 @@ class FakeKube:
         for i, (m, frag, code) in enumerate(self.fail_next):
             if m == method and frag in url.path:
                 del self.fail_next[i]
-                reason = {409: "Conflict", 500: "InternalError", 503: "ServiceUnavailable"}.get(
-                    code, "Unknown"
-                )
-                return code, status(code, reason, f"injected {code} for {method} {url.path}")
+                return code, status(code, REASONS.get(code, "Unknown"), f"injected {code} for {method} {url.path}")
         m = _PATH.match(url.path)
         if not m:
-            return 404, status(
-                404, "NotFound", f"the server could not find the requested resource {url.path}"
-            )
+            return 404, status(404, "NotFound", f"the server could not find the requested resource {url.path}")
         group = m.group("g") or ""
-        version = m.group("cv") or m.group("v")
         plural, name, sub, ns = m.group("plural"), m.group("name"), m.group("sub"), m.group("ns")
         if (group, plural) not in RESOURCES:
-            return 404, status(
-                404, "NotFound", f"the server could not find the requested resource ({plural}.{group})"
-            )
-        kind, namespaced = RESOURCES[(group, plural)]
-        if not namespaced:
-            ns = None
-        api_version = f"{group}/{version}" if group else version
+            return 404, status(404, "NotFound", f"the server could not find the requested resource ({plural}.{group})")
+        res = RESOURCES[(group, plural)]
+        ns = ns if res.namespaced else None
         try:
             payload = json.loads(body) if body else None
         except ValueError:
             return 400, status(400, "BadRequest", "body is not JSON")
-        with self.lock:
-            try:
-                return self._dispatch(
-                    method, group, plural, kind, api_version, ns, name, sub, q, payload, content_type
-                )
-            except ApiError as exc:
-                return exc.code, exc.body
+        manager = manager_of(user_agent)
+        try:
+            if name is None and method == "GET" and q.get("watch") in ("1", "true"):
+                return 200, self._watch((group, plural), ns, q)
+            with self.lock:
+                return self._dispatch(method, (group, plural, ns, name), sub, q, payload, content_type, manager)
+        except ApiError as exc:
+            return exc.code, exc.body
 
-    def _dispatch(self, method, group, plural, kind, api_version, ns, name, sub, q, payload, content_type):
-        key = (group, plural, ns, name)
+    def _dispatch(self, method: str, key: Key, sub: str | None, q: dict, payload: Any, ctype: str,
+                  manager: str) -> tuple[int, Obj]:
+        group, plural, ns, name = key
+        res = RESOURCES[(group, plural)]
         if name is None:
             if method == "GET":
-                return 200, self._list(group, plural, kind, api_version, ns, q)
+                return 200, self._list((group, plural), ns, q)
             if method == "POST":
-                return 201, self._create(group, plural, kind, ns, payload)
+                if not isinstance(payload, dict) or payload.get("kind") != res.kind:
+                    raise ApiError(400, "BadRequest", f"body must be a {res.kind}")
+                if ns is not None and payload.setdefault("metadata", {}).get("namespace", ns) != ns:
+                    raise ApiError(400, "BadRequest", "the namespace of the object does not match the request")
+                payload.setdefault("metadata", {})["namespace"] = ns
+                if not res.namespaced:
+                    payload["metadata"].pop("namespace", None)
+                return 201, self.create_obj(payload, manager)
             raise ApiError(405, "MethodNotAllowed", f"{method} on a collection")
-        if sub == "eviction" and method == "POST":
-            return 201, self._evict(key)
+        if sub == "eviction" and method == "POST" and plural == "pods":
+            return 201, self.evict(key, manager)
         current = self.objects.get(key)
         if current is None:
             raise ApiError(404, "NotFound", f'{plural}.{group or "core"} "{name}" not found')
-        if sub == "scale":
-            return self._scale(method, key, current, payload)
-        if sub not in (None, "status"):
+        if sub == "scale" and res.scale:
+            return self._scale(method, key, current, payload, ctype, manager)
+        if sub not in (None, "status") or (sub == "status" and not res.status):
             raise ApiError(404, "NotFound", f"subresource {sub} not found")
         if method == "GET":
-            return 200, copy.deepcopy(current)
+            return 200, copy_obj(current)
         if method == "DELETE":
-            del self.objects[key]
-            self._fire("DELETE", current)
-            return 200, status(200, "", f"{name} deleted") | {"status": "Success"}
+            opts = payload if isinstance(payload, dict) else {}
+            pre = opts.get("preconditions") or {}
+            if pre.get("resourceVersion") and pre["resourceVersion"] != current["metadata"]["resourceVersion"]:
+                raise self._conflict(key)
+            grace = opts.get("gracePeriodSeconds", q.get("gracePeriodSeconds"))
+            policy = opts.get("propagationPolicy") or q.get("propagationPolicy")
+            return 200, self.delete_obj(key, manager, grace_s=None if grace is None else float(grace), policy=policy)
         if method == "PUT":
-            return 200, self._replace(key, current, payload)
+            if not isinstance(payload, dict) or (payload.get("metadata") or {}).get("name") != name:
+                raise ApiError(400, "BadRequest", "the name of the object does not match the name in the URL")
+            payload["apiVersion"], payload["kind"] = current["apiVersion"], current["kind"]
+            return 200, self.update_obj(payload, manager, sub=sub)
         if method == "PATCH":
-            if "json-patch" in content_type:
-                raise ApiError(415, "UnsupportedMediaType", "JSON patch is not supported by the fake")
+            if "json-patch" in ctype:
+                raise ApiError(415, "UnsupportedMediaType", "JSON patch is not supported by the emulated server")
             patch = payload or {}
             rv = (patch.get("metadata") or {}).get("resourceVersion")
             if rv is not None and rv != current["metadata"]["resourceVersion"]:
-                raise self._conflict(plural, name)
+                raise self._conflict(key)
+            if sub == "status":
+                patch = {"status": patch.get("status") or {}}
             merged = merge_patch(current, patch)
-            return 200, self._replace(key, current, merged, check_rv=False)
+            merged["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            return 200, self.update_obj(merged, manager, sub=sub)
         raise ApiError(405, "MethodNotAllowed", method)
 
-    def _conflict(self, plural: str, name: str) -> ApiError:
-        return ApiError(
-            409,
-            "Conflict",
-            f'Operation cannot be fulfilled on {plural} "{name}": the object has been modified; '
-            "please apply your changes to the latest version and try again",
-        )
+    def _matches(self, obj: Obj, ns: str | None, q: dict) -> bool:
+        meta = obj["metadata"]
+        if ns is not None and meta.get("namespace") != ns:
+            return False
+        if q.get("labelSelector") and not selector_matches(q["labelSelector"], meta.get("labels") or {}):
+            return False
+        return not q.get("fieldSelector") or fields_match(q["fieldSelector"], obj)
 
-    def _list(self, group, plural, kind, api_version, ns, q) -> Obj:
-        items = []
-        for (g, p, n_s, _n), obj in sorted(self.objects.items(), key=lambda kv: str(kv[0])):
-            if (g, p) != (group, plural) or (ns is not None and n_s != ns):
-                continue
-            if "labelSelector" in q and not _selector_matches(
-                q["labelSelector"], obj["metadata"].get("labels") or {}
-            ):
-                continue
-            ok = True
-            for cond in filter(None, q.get("fieldSelector", "").split(",")):
-                fld, _, val = cond.partition("=")
-                ok &= (
-                    str(_field(obj, fld.rstrip("!")) or "") == val
-                    if not fld.endswith("!")
-                    else str(_field(obj, fld[:-1]) or "") != val
-                )
-            if ok:
-                items.append(copy.deepcopy(obj))
-        return {
-            "apiVersion": api_version,
-            "kind": f"{kind}List",
-            "metadata": {"resourceVersion": str(self._rv)},
-            "items": items,
-        }
+    def _list(self, res: tuple[str, str], ns: str | None, q: dict) -> Obj:
+        r = RESOURCES[res]
+        items = [copy_obj(o) for k, o in sorted(self._by_type.get(res, {}).items(), key=lambda kv: (kv[0][2] or "", kv[0][3]))
+                 if self._matches(o, ns, q)]
+        api_version = next((o["apiVersion"] for o in items), None) or (f"{res[0]}/v1" if res[0] else "v1")
+        return {"apiVersion": api_version, "kind": f"{r.kind}List",
+                "metadata": {"resourceVersion": str(self._rv)}, "items": items}
 
-    def _create(self, group, plural, kind, ns, obj) -> Obj:
-        if not isinstance(obj, dict):
-            raise ApiError(400, "BadRequest", "body must be an object")
-        meta = obj.setdefault("metadata", {})
-        if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
-        if not meta.get("name"):
-            raise ApiError(422, "Invalid", "metadata.name: Required value")
-        if obj.get("kind") != kind:
-            raise ApiError(400, "BadRequest", f"kind {obj.get('kind')!r} does not match {kind}")
-        if ns is not None:
-            if meta.get("namespace", ns) != ns:
-                raise ApiError(400, "BadRequest", "the namespace of the object does not match the request")
-            meta["namespace"] = ns
-        key = (group, plural, ns, meta["name"])
-        if key in self.objects:
-            raise ApiError(
-                409, "AlreadyExists", f'{plural}.{group or "core"} "{meta["name"]}" already exists'
-            )
-        if meta.get("resourceVersion"):
-            raise ApiError(422, "Invalid", "metadata.resourceVersion: must not be set on create")
-        self.validate(obj)
-        meta["uid"] = str(uuid.uuid4())
-        meta["creationTimestamp"] = _now()
-        meta["resourceVersion"] = self._next_rv()
-        meta.setdefault("generation", 1)
-        self.objects[key] = copy.deepcopy(obj)
-        self._fire("POST", obj)
-        return obj
-
-    def _replace(self, key, current, obj, check_rv: bool = True) -> Obj:
-        if not isinstance(obj, dict):
-            raise ApiError(400, "BadRequest", "body must be an object")
-        meta = obj.setdefault("metadata", {})
-        if meta.get("name") != key[3]:
-            raise ApiError(400, "BadRequest", "the name of the object does not match the name in the URL")
-        rv = meta.get("resourceVersion")
-        if check_rv and rv and rv != current["metadata"]["resourceVersion"]:
-            raise self._conflict(key[1], key[3])
-        if key[2] is not None:
-            meta["namespace"] = key[2]
-        self.validate(obj)
-        meta["uid"] = current["metadata"]["uid"]
-        meta["creationTimestamp"] = current["metadata"]["creationTimestamp"]
-        meta["resourceVersion"] = self._next_rv()
-        if obj.get("spec") != current.get("spec"):
-            meta["generation"] = current["metadata"].get("generation", 1) + 1
-        self.objects[key] = copy.deepcopy(obj)
-        self._fire("PUT", obj)
-        return obj
-
-    def _scale(self, method, key, current, payload) -> tuple[int, Obj]:
-        if key[:2] not in SCALABLE:
-            raise ApiError(404, "NotFound", "scale subresource not found")
-        if method == "PUT":
-            rv = ((payload or {}).get("metadata") or {}).get("resourceVersion")
+    def _scale(self, method: str, key: Key, current: Obj, payload: Any, ctype: str, manager: str) -> tuple[int, Obj]:
+        if method in ("PUT", "PATCH"):
+            body = payload or {}
+            rv = (body.get("metadata") or {}).get("resourceVersion")
             if rv and rv != current["metadata"]["resourceVersion"]:
-                raise self._conflict(key[1], key[3])
-            replicas = ((payload or {}).get("spec") or {}).get("replicas")
+                raise self._conflict(key)
+            replicas = (body.get("spec") or {}).get("replicas")
             if not isinstance(replicas, int) or replicas < 0:
                 raise ApiError(422, "Invalid", f"spec.replicas: Invalid value: {replicas!r}")
-            new = copy.deepcopy(current)
+            new = copy_obj(current)
             new["spec"]["replicas"] = replicas
-            self._replace(key, current, new, check_rv=False)
+            self.update_obj(new, manager, check_rv=False, validate=False)
             current = self.objects[key]
         elif method != "GET":
             raise ApiError(405, "MethodNotAllowed", method)
-        sel = (current["spec"].get("selector") or {}).get("matchLabels") or {}
+        sel = current["spec"].get("selector") or {}
         return 200, {
             "apiVersion": "autoscaling/v1",
             "kind": "Scale",
-            "metadata": {
-                "name": key[3],
-                "namespace": key[2],
-                "resourceVersion": current["metadata"]["resourceVersion"],
-                "uid": current["metadata"]["uid"],
-            },
+            "metadata": {"name": key[3], "namespace": key[2], "uid": current["metadata"]["uid"],
+                         "resourceVersion": current["metadata"]["resourceVersion"]},
             "spec": {"replicas": current["spec"].get("replicas", 1)},
-            "status": {
-                "replicas": (current.get("status") or {}).get("replicas", 0),
-                "selector": ",".join(f"{k}={v}" for k, v in sorted(sel.items())),
-            },
+            "status": {"replicas": (current.get("status") or {}).get("replicas", 0),
+                       "selector": match_labels_selector(sel) if "matchLabels" in sel or "matchExpressions" in sel
+                       else ",".join(f"{k}={v}" for k, v in sorted(sel.items()))},
         }
 
-    def _evict(self, key) -> Obj:
-        group, plural, _ns, name = key
-        if (group, plural) != ("", "pods"):
-            raise ApiError(404, "NotFound", "eviction applies to pods")
-        pod = self.objects.get(key)
-        if pod is None:
-            raise ApiError(404, "NotFound", f'pods "{name}" not found')
-        if name in self.blocked_evictions:
-            raise ApiError(
-                429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget."
-            )
-        del self.objects[key]
-        self._fire("DELETE", pod)
-        return status(201, "", f"pod {name} evicted") | {"status": "Success"}
+    # ------------------------------------------------------------ watch
 
-    def _fire(self, verb: str, obj: Obj) -> None:
-        for hook in list(self.hooks):
-            hook(self, verb, copy.deepcopy(obj))
+    def _translate(self, ev: _Event, ns: str | None, q: dict) -> Obj | None:
+        now_in = self._matches(ev.obj, ns, q)
+        if ev.type == "MODIFIED":
+            was_in = ev.prev is not None and self._matches(ev.prev, ns, q)
+            if was_in and not now_in:
+                return {"type": "DELETED", "object": ev.obj}
+            if now_in and not was_in:
+                return {"type": "ADDED", "object": ev.obj}
+        return {"type": ev.type, "object": ev.obj} if now_in else None
+
+    def _watch(self, res: tuple[str, str], ns: str | None, q: dict) -> Iterator[Obj]:
+        rv_text = q.get("resourceVersion") or ""
+        bookmarks = q.get("allowWatchBookmarks") in ("true", "1")
+        deadline = time.monotonic() + float(q.get("timeoutSeconds") or 1800)
+        kind = RESOURCES[res].kind
+        api_version = f"{res[0]}/v1" if res[0] else "v1"
+        with self.lock:
+            if rv_text in ("", "0"):
+                initial = [{"type": "ADDED", "object": copy_obj(o)} for o in self._by_type.get(res, {}).values()
+                           if self._matches(o, ns, q)]
+                last = self._rv
+            else:
+                try:
+                    last = int(rv_text)
+                except ValueError:
+                    raise ApiError(400, "BadRequest", f"invalid resourceVersion {rv_text!r}") from None
+                initial = []
+                if last < self._dropped.get(res, 0):
+                    initial = [self._expired(last, res)]
+
+        def stream() -> Iterator[Obj]:
+            nonlocal last
+            yield from initial
+            if initial and initial[-1]["type"] == "ERROR":
+                return
+            next_bookmark = time.monotonic() + self.bookmark_s
+            while not self.closed:
+                out: list[Obj] = []
+                with self.cond:
+                    if last < self._dropped.get(res, 0):
+                        expired = self._expired(last, res)  # this watcher fell out of the window
+                    else:
+                        expired = None
+                        log = self._events.get(res, [])
+                        i = bisect.bisect_right(log, last, key=lambda e: e.rv)
+                        if i == len(log):
+                            wait = min(deadline, next_bookmark) - time.monotonic()
+                            if wait > 0:
+                                self.cond.wait(timeout=wait)
+                            log = self._events.get(res, [])
+                            i = bisect.bisect_right(log, last, key=lambda e: e.rv)
+                        for ev in log[i:]:
+                            last = ev.rv
+                            t = self._translate(ev, ns, q)
+                            if t is not None:
+                                out.append(t)
+                        now = time.monotonic()
+                        if bookmarks and (now >= next_bookmark or now >= deadline):
+                            last = max(last, self._rv)
+                            out.append({"type": "BOOKMARK", "object": {
+                                "kind": kind, "apiVersion": api_version,
+                                "metadata": {"resourceVersion": str(last)}}})
+                            next_bookmark = now + self.bookmark_s
+                if expired is not None:
+                    yield expired
+                    return
+                yield from out
+                if time.monotonic() >= deadline:
+                    return
+
+        return stream()
+
+    def _expired(self, rv: int, res: tuple[str, str]) -> Obj:
+        oldest = self._dropped.get(res, 0) + 1
+        return {"type": "ERROR", "object": status(410, "Expired", f"too old resource version: {rv} ({oldest})")}
 
     # ------------------------------------------------------------ server
 
@@ -448,32 +693,52 @@ class FakeKube:
             def _do(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                code, payload = fake.handle(
-                    self.command, self.path, body, self.headers.get("Content-Type") or ""
-                )
+                agent = self.headers.get("User-Agent") or ""
+                code, payload = fake.handle(self.command, self.path, body, self.headers.get("Content-Type") or "", agent)
+                url = urlparse(self.path)
                 with fake.lock:
-                    fake.requests.append(
-                        Request(self.command, self.path, self.headers.get("User-Agent") or "", code)
-                    )
-                data = json.dumps(payload).encode()
-                self.send_response(code)
+                    fake.requests.append(Request(self.command, url.path, agent, code, url.query))
+                    fake.request_counts[(manager_of(agent), self.command)] += 1
+                if isinstance(payload, dict):
+                    data = json.dumps(payload).encode()
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                self.send_response(200)
                 self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
-                self.wfile.write(data)
+                try:
+                    for event in payload:
+                        line = json.dumps(event).encode() + b"\n"
+                        self.wfile.write(f"{len(line):X}\r\n".encode() + line + b"\r\n")
+                        self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _do
 
             def log_message(self, *args: Any) -> None:  # quiet
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            request_queue_size = 256
+
+        self._server = Server(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
     def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

@@ -75,3 +75,39 @@ def pod(
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
         },
     }
+
+
+def caught_up(be, fake, timeout_s: float = 5.0) -> None:
+    """Wait until every informer of ``be`` has seen the emulated server's latest resourceVersion.
+
+    The emulated server's versions are one global integer (a test-only assumption: real
+    resourceVersions are opaque) and it sends bookmarks every 0.1 s in these fixtures.
+    """
+    import time
+
+    target = fake.resource_version
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(i.absent or int(i.resource_version or 0) >= target for i in be.caches.all()):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"informers behind {target}: {[(i.kind, i.resource_version) for i in be.caches.all()]}")
+
+
+def wait_until(cond, timeout_s: float = 10.0, what: str = "condition"):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def act(kind, model=None, profile="1g.10gb", gpu="node-0/0", replica=None, reason=None, layout=None):
+    from autoscaler.policy.types import Action, ActionKind, Reason
+
+    return Action(ActionKind(kind), reason or Reason.SCALE_UP_DEMAND, gpu=gpu, model=model, profile=profile,
+                  replica=replica, layout=layout)

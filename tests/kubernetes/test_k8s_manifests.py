@@ -88,26 +88,79 @@ def _base() -> list[dict]:
     ]
 
 
-def test_rbac_has_no_wildcards_and_covers_the_backend():
+def test_rbac_has_no_wildcards_and_lets_migscale_only_read_hpas():
     every = [d for p in MANIFESTS for d in docs(p) if d.get("kind") in ("ClusterRole", "Role")]
     for r in (r for d in every for r in d.get("rules", [])):
         for key in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
             assert not any("*" in item for item in r.get(key, [])), r
     rules = [r for d in _base() if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]]
-    granted = {
-        (g, res, v) for r in rules for g in r["apiGroups"] for res in r["resources"] for v in r["verbs"]
-    }
-    for need in [
-        ("", "nodes", "patch"),
-        ("", "pods/eviction", "create"),
-        ("apps", "deployments/scale", "update"),
-        ("coordination.k8s.io", "leases", "update"),
-        ("leaderworkerset.x-k8s.io", "leaderworkersets/scale", "update"),
-        ("autoscaling", "horizontalpodautoscalers", "create"),
-        ("", "configmaps", "update"),
-    ]:
-        assert need in granted, need
+    granted = {(g, res, v) for r in rules for g in r["apiGroups"] for res in r["resources"] for v in r["verbs"]}
+    assert {v for g, res, v in granted if res == "horizontalpodautoscalers"} == {"get", "list", "watch"}
     assert ("", "secrets", "get") not in granted
+
+
+def _allowed(method: str, path: str, query: str) -> tuple[str, str, str, str | None, str | None]:
+    """(apiGroup, resource[/sub], verb, namespace, name) of one request, as RBAC sees it."""
+    from fakeapi import _PATH
+
+    m = _PATH.match(path)
+    assert m, path
+    res = m.group("plural") + (f"/{m.group('sub')}" if m.group("sub") else "")
+    verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method)
+    if verb is None:
+        verb = "get" if m.group("name") else ("watch" if "watch=true" in query else "list")
+    return m.group("g") or "", res, verb, m.group("ns"), m.group("name")
+
+
+def test_rbac_allows_every_request_the_backend_sends(cluster, connect, backends):
+    """Replay: lease, informers, creates, scale, drain, retire, repartition, Events -- each request is granted."""
+    from gpu_operator import gpu_node
+    from k8s_helpers import act, caught_up, wait_until
+
+    from autoscaler.act.kubernetes.leader import LeaseElector
+    from autoscaler.clock import WallClock
+    from autoscaler.mig.layout import Placement
+    from autoscaler.policy.types import ModelSpec, Reason, ReplicaState
+
+    fake = cluster.fake
+    fake.put_object(gpu_node("node-a", {"3g.40gb": 2}, config="c0"))
+    fake.put_object(gpu_node("node-b", {"3g.40gb": 2, "1g.10gb": 1}, config="c0"))
+    model = ModelSpec("resnet", {"3g.40gb": 160, "1g.10gb": 58}, ("3g.40gb", "1g.10gb"))
+    rest = connect("migscale/ctl")
+    elector = LeaseElector(rest, namespace="migscale-system", identity="ctl", clock=WallClock())
+    be = backends([model], user_agent="migscale/ctl", elector=elector)
+    be.rest.guard = elector.check_write
+    assert elector.step().leader
+    caught_up(be, fake)
+    be.apply([act("create", "resnet", "3g.40gb", gpu="node-a/0")] * 2)
+    wait_until(lambda: sum(r.state is ReplicaState.READY for r in be.snapshot().replicas) == 2)
+    victim = be.snapshot().replicas[0].id
+    be.apply([act("drain", "resnet", "3g.40gb", replica=victim), act("delete", "resnet", "3g.40gb", replica=victim)])
+    layout = (Placement(0, "3g.40gb"), Placement(4, "1g.10gb"))
+    be.apply([act("repartition", gpu="node-a/0", profile=None, layout=layout, reason=Reason.REPARTITION)])
+    wait_until(lambda: (be.snapshot() and not be.advance()) and not be.repartitioner.in_progress(), 15)
+    left = [r.id for r in be.snapshot().replicas]
+    be.apply([act("delete", "resnet", "3g.40gb", replica=r) for r in left])
+    def gone() -> bool:
+        be.snapshot()
+        errors = be.advance()
+        assert not errors, errors
+        return fake.get("Deployment", "resnet-3g-40gb") is None
+
+    wait_until(gone, 15, "the workload to retire")
+    elector.release()
+    rules = []
+    for d in _base():
+        if d["kind"] in ("ClusterRole", "Role"):
+            ns = d["metadata"].get("namespace") if d["kind"] == "Role" else None
+            rules += [(ns, r) for r in d["rules"]]
+    sent = {_allowed(r.method, r.path, r.query) for r in fake.requests if r.user_agent == "migscale/ctl"}
+    assert {v for _g, _r, v, _n, _nm in sent} >= {"get", "list", "watch", "create", "update", "patch", "delete"}
+    for group, res, verb, ns, name in sorted(sent, key=str):
+        ok = any((rns is None or rns == ns) and group in r["apiGroups"] and res in r["resources"]
+                 and verb in r["verbs"] and (not r.get("resourceNames") or name in r["resourceNames"])
+                 for rns, r in rules)
+        assert ok, f"not granted: {verb} {group}/{res} in {ns} ({name})"
 
 
 def test_aggregated_api_wiring():
@@ -143,7 +196,7 @@ def test_aggregated_api_wiring():
 
 def test_examples_use_the_metric_names_that_exist():
     hpa = docs(ROOT / "examples/hpa-migscale.yaml")[0]
-    assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == signals.REPLICA_RATIO
+    assert hpa["spec"]["metrics"][0]["external"]["metric"]["name"] in signals.EXTERNAL_METRICS
     rule = docs(ROOT / "examples/prometheus-adapter.yaml")[0]
     assert rule["spec"]["groups"][0]["rules"][0]["record"] == "triton:queue_compute:ratio"
     dash = json.loads((ROOT / "examples/grafana-dashboard.json").read_text())
@@ -159,6 +212,28 @@ def test_examples_use_the_metric_names_that_exist():
     parted = yaml.safe_load(cm["data"]["config.yaml"])
     assert parted["version"] == "v1"
     assert parted["mig-configs"]["custom-a"][0]["mig-devices"] == {"1g.10gb": 1, "2g.20gb": 1, "3g.40gb": 1}
+
+
+def test_no_autoscaler_in_k8s_targets_a_workload_migscale_manages():
+    """One owner of replicas: the shipped HPAs and ScaledObjects point at workloads a team runs itself."""
+    from autoscaler.act.kubernetes.config import render_config
+    from autoscaler.act.kubernetes.render import render_all
+    from autoscaler.commands.k8s import planned_desired
+    from autoscaler.config import load_cluster, load_models, model_specs
+
+    ex = ROOT.parent / "examples"
+    models, cluster = load_models(ex / "models.yaml"), load_cluster(ex / "cluster.yaml")
+    specs = model_specs(models, cluster)
+    everything = {p: n for s in specs for p in (*s.allowed_profiles, "whole")
+                  for n in [1]}  # every profile a model may run on
+    desired = {(s.name, p): 1 for s in specs for p in everything if p in s.allowed_profiles}
+    ours = {o["metadata"]["name"] for o in render_all(specs, desired, render_config(cluster))
+            if o["kind"] in ("Deployment", "LeaderWorkerSet")}
+    ours |= {o["metadata"]["name"] for o in render_all(specs, planned_desired(specs, None, cluster), render_config(cluster))
+             if o["kind"] in ("Deployment", "LeaderWorkerSet")}
+    targets = [d["spec"]["scaleTargetRef"]["name"] for p in MANIFESTS for d in docs(p)
+               if d.get("kind") in ("HorizontalPodAutoscaler", "ScaledObject")]
+    assert targets and not set(targets) & ours, set(targets) & ours
 
 
 def test_crd_validation_can_fail():

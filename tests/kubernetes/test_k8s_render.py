@@ -45,7 +45,6 @@ def test_every_rendered_object_validates(example):
     assert {
         "Deployment",
         "Service",
-        "HorizontalPodAutoscaler",
         "PodDisruptionBudget",
         "PodMonitor",
         "LeaderWorkerSet",
@@ -99,22 +98,13 @@ def test_deployment_requests_one_mig_slice_and_drains(example):
     assert pdb["spec"]["selector"]["matchLabels"]["migscale.io/model"] == model
 
 
-def test_hpa_behavior_comes_from_cluster_policy(example):
-    cluster, *_, objs = example
-    hpa = next(
-        h for h in by(objs, "HorizontalPodAutoscaler") if h["spec"]["scaleTargetRef"]["kind"] == "Deployment"
-    )
-    down = hpa["spec"]["behavior"]["scaleDown"]
-    assert down["stabilizationWindowSeconds"] == cluster.policy.scale_down.stabilization_window_s == 30
-    up = hpa["spec"]["behavior"]["scaleUp"]
-    assert up["selectPolicy"] == "Max"
-    assert {(p["type"], p["value"], p["periodSeconds"]) for p in up["policies"]} == {
-        ("Percent", 100, 15),
-        ("Pods", 4, 15),
-    }
-    m = hpa["spec"]["metrics"][0]
-    assert m["type"] == "Pods" and m["pods"]["metric"]["name"] == "migscale_replica_ratio"
-    assert m["pods"]["target"] == {"type": "AverageValue", "averageValue": "1"}
+def test_no_hpa_is_rendered_for_a_workload_migscale_scales(example):
+    """One owner of spec.replicas: migscale, through the scale subresource; an HPA would be a second."""
+    *_, objs = example
+    assert by(objs, "HorizontalPodAutoscaler") == []
+    assert {o["kind"] for o in objs} >= {"Deployment", "PodDisruptionBudget"}
+    for pdb in by(objs, "PodDisruptionBudget"):
+        assert pdb["spec"] == {"maxUnavailable": 1, "selector": pdb["spec"]["selector"]}
 
 
 def test_leaderworkerset_for_the_multinode_model(example):
@@ -151,12 +141,6 @@ def test_leaderworkerset_for_the_multinode_model(example):
     assert "--allow-http=false" in worker["args"] and "ports" not in worker
     svc = next(s for s in by(objs, "Service") if s["metadata"]["name"] == "llm")
     assert svc["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
-    hpa = next(h for h in by(objs, "HorizontalPodAutoscaler") if h["metadata"]["name"] == "llm")
-    assert hpa["spec"]["scaleTargetRef"] == {
-        "apiVersion": "leaderworkerset.x-k8s.io/v1",
-        "kind": "LeaderWorkerSet",
-        "name": "llm",
-    }
 
 
 def test_mig_parted_entries():

@@ -1,140 +1,205 @@
-"""Repartition through the mig-parted ConfigMap and the mig-manager labels: happy path and timeout."""
+"""The repartition state machine on the emulated cluster: steps across ticks, surge, failover, rollbacks."""
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+
 import yaml
-from k8s_helpers import CFG, RESNET, gpu_node, pod
+from gpu_operator import gpu_node
+from k8s_helpers import CFG, caught_up, wait_until
 
 from autoscaler.act.kubernetes.render import MIG_CONFIG_LABEL, MIG_STATE_LABEL
-from autoscaler.act.kubernetes.repartition import Repartitioner
-from autoscaler.act.kubernetes.backend import KubernetesBackend
+from autoscaler.act.kubernetes.repartition import ANNOTATION, state_of
 from autoscaler.clock import VirtualClock
 from autoscaler.mig.layout import Placement
-from autoscaler.policy.types import Action, ActionKind, Reason
+from autoscaler.policy.types import Action, ActionKind, ModelSpec, Reason, ReplicaState
 
+MODEL = ModelSpec("resnet", {"3g.40gb": 160, "1g.10gb": 58}, ("3g.40gb", "1g.10gb"), min_replicas=1, max_replicas=8)
 TARGET = (Placement(0, "2g.20gb"), Placement(2, "2g.20gb"), Placement(4, "2g.20gb"), Placement(6, "1g.10gb"))
+REPART = Action(ActionKind.REPARTITION, Reason.REPARTITION, gpu="node-a/0", layout=TARGET)
 
 
-class MigManager:
-    """Plays the GPU Operator's mig-manager: on a new config label, pending, then success after N polls."""
-
-    def __init__(self, fake, polls_to_success: int | None) -> None:
-        self.fake = fake
-        self.polls = polls_to_success
-        self.cordoned_when_labelled: bool | None = None
-        self.pending: str | None = None
-        self.applied: str | None = None
-        self.left = 0
-
-    def on_write(self, fake, verb, obj) -> None:
-        if obj["kind"] != "Node" or verb == "DELETE":
-            return
-        want = obj["metadata"]["labels"].get(MIG_CONFIG_LABEL)
-        if want and want.startswith("migscale-") and want not in (self.pending, self.applied):
-            self.pending, self.left = want, self.polls
-            self.cordoned_when_labelled = bool(obj["spec"].get("unschedulable"))
-            node = fake.get("Node", obj["metadata"]["name"], None)
-            node["metadata"]["labels"][MIG_STATE_LABEL] = "pending"
-            fake.put_object(node)
-
-    def tick(self) -> None:  # called on every clock sleep
-        if self.pending is None or self.left is None:
-            return
-        self.left -= 1
-        if self.left > 0:
-            return
-        node = self.fake.get("Node", "node-a", None)
-        cm = self.fake.get("ConfigMap", CFG.mig_parted_configmap, CFG.mig_parted_namespace)
-        entry = yaml.safe_load(cm["data"]["config.yaml"])["mig-configs"][self.pending]
-        labels = {
-            k: v for k, v in node["metadata"]["labels"].items() if not k.endswith(".count") or "mig-" not in k
-        }
-        for dev in entry:
-            for prof, n in (dev.get("mig-devices") or {}).items():
-                labels[f"nvidia.com/mig-{prof}.count"] = str(n)
-        labels[MIG_STATE_LABEL] = "success"
-        node["metadata"]["labels"] = labels
-        self.fake.put_object(node)
-        self.applied, self.pending = self.pending, None
+def ready(fake) -> int:
+    return sum(1 for p in fake.list("Pod") if not p["metadata"].get("deletionTimestamp") and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", [])))
 
 
-class HookedClock(VirtualClock):
-    def __init__(self, start: float, on_sleep) -> None:
-        super().__init__(start)
-        self.on_sleep = on_sleep
-        self.sleeps = 0
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps += 1
-        super().sleep(seconds)
-        self.on_sleep()
+def evictions(fake) -> Counter:
+    return Counter(r.path.split("/")[-2] for r in fake.requests if r.path.endswith("/eviction") and r.status == 201)
 
 
-def setup(fake, connect, polls_to_success):
-    fake.put_object(gpu_node("node-a", {"3g.40gb": 2}, config="all-3g.40gb"))
-    fake.put_object(pod("resnet-3g-a", "node-a"))
-    fake.put_object(pod("resnet-3g-b", "node-a"))
-    mgr = MigManager(fake, polls_to_success)
-    fake.hooks.append(mgr.on_write)
-    clock = HookedClock(1_800_000_000.0, mgr.tick)
-    rest = connect()
-    rep = Repartitioner(rest, CFG, clock, drain_timeout_s=60, config_timeout_s=300, poll_s=5)
-    be = KubernetesBackend(rest, [RESNET], CFG, clock=clock, repartitioner=rep)
-    action = Action(ActionKind.REPARTITION, Reason.REPARTITION, gpu="node-a/0", layout=TARGET)
-    return be, rep, mgr, clock, action
+def setup(cluster, backends, *, spare: dict[str, int] | None = None, **kw):
+    """Two resnet 3g pods on node-a; node-b (added after they are placed) offers ``spare`` room."""
+    fake = cluster.fake
+    fake.put_object(gpu_node("node-a", {"3g.40gb": 2}, config="all-3g"))
+    be = backends([MODEL], **kw)
+    caught_up(be, fake)
+    be.apply([Action(ActionKind.CREATE, Reason.SCALE_UP_DEMAND, gpu="node-a/0", model="resnet", profile="3g.40gb")] * 2)
+    wait_until(lambda: ready(fake) == 2, what="two pods Ready on node-a")
+    fake.put_object(gpu_node("node-b", spare if spare is not None else {"3g.40gb": 2}, config="all-3g"))
+    caught_up(be, fake)
+    be.snapshot()
+    return fake, be
 
 
-def test_repartition_happy_path(fake, connect):
-    be, rep, mgr, clock, action = setup(fake, connect, polls_to_success=3)
-    assert be.apply([action]) == []
+def phase(fake) -> str | None:
+    st = state_of(fake.get("Node", "node-a", None))
+    return st["phase"] if st else None
+
+
+def run(be, fake, until, samples=None, timeout_s=15.0):
+    def tick():
+        be.snapshot()
+        errors = be.advance()
+        if samples is not None:
+            samples.append(ready(fake))
+        return errors or until()
+
+    return wait_until(tick, timeout_s, "the repartition to move on")
+
+
+def test_a_repartition_moves_one_step_per_tick_and_never_empties_the_model(cluster, backends):
+    fake, be = setup(cluster, backends)
+    samples = [ready(fake)]
+    assert be.apply([REPART]) == []  # returns at once: the state lives on the node
+    node = fake.get("Node", "node-a", None)
+    st = json.loads(node["metadata"]["annotations"][ANNOTATION])
+    assert st["phase"] == "draining" and node["spec"]["unschedulable"] and st["cordoned"] is True
+    assert be.in_flight()[0] >= {"node-a/0"} and "resnet" in be.in_flight()[1]
+    assert run(be, fake, lambda: phase(fake) is None, samples) is True
     node = fake.get("Node", "node-a", None)
     name = node["metadata"]["labels"][MIG_CONFIG_LABEL]
-    assert name.startswith("migscale-") and node["metadata"]["labels"][MIG_STATE_LABEL] == "success"
     cm = fake.get("ConfigMap", CFG.mig_parted_configmap, CFG.mig_parted_namespace)
-    doc = yaml.safe_load(cm["data"]["config.yaml"])
-    assert doc["version"] == "v1"
-    assert doc["mig-configs"][name] == [
-        {"devices": [0], "mig-enabled": True, "mig-devices": {"1g.10gb": 1, "2g.20gb": 3}}
-    ]
-    assert not node["spec"].get("unschedulable")  # uncordoned at the end
-    assert mgr.cordoned_when_labelled is True  # ... and cordoned while mig-manager worked
-    assert fake.list("Pod") == []  # both GPU pods were evicted first
-    steps = [s.split()[0] for s in rep.log]
-    assert steps == ["config", "cordon", "evict", "evict", "label", "uncordon"]
-    assert clock.sleeps >= 3  # it really waited for pending -> success
-    assert "repartitioned node-a/0" in be.apply_calls
-    assert be.snapshot().gpu("node-a/0").layout == TARGET  # the inventory now reads the new counts
+    assert yaml.safe_load(cm["data"]["config.yaml"])["mig-configs"][name] == [
+        {"devices": [0], "mig-enabled": True, "mig-devices": {"1g.10gb": 1, "2g.20gb": 3}}]
+    assert node["metadata"]["labels"][MIG_STATE_LABEL] == "success" and not node["spec"].get("unschedulable")
+    assert ANNOTATION not in node["metadata"].get("annotations", {})
+    assert node["status"]["allocatable"]["nvidia.com/mig-2g.20gb"] == "3"
+    # make before break: both node-a pods were replaced on node-b (a surge first) and 2 stayed Ready throughout
+    assert min(samples) >= 2, samples
+    assert sorted(evictions(fake).values()) == [1, 1]
+    assert fake.get("Deployment", "resnet-3g-40gb")["spec"]["replicas"] == 2  # the surge is undone
+    steps = [s.split()[0] for s in be.repartitioner.log]
+    assert steps[:3] == ["config", "cordon", "surge"] and steps[-2:] == ["unsurge", "uncordon"], steps
+    assert be.snapshot().gpu("node-a/0").layout == TARGET
+    reasons = [e["reason"] for e in fake.list("Event") if e["regarding"]["kind"] == "Node"]
+    assert reasons == ["RepartitionStarted", "RepartitionSucceeded"]
 
 
-def test_repartition_timeout_rolls_back_and_uncordons(fake, connect):
-    be, rep, _mgr, clock, action = setup(fake, connect, polls_to_success=None)  # never succeeds
-    t0 = clock.now()
-    errors = be.apply([action])
-    assert len(errors) == 1
-    assert "still 'pending' after 300s" in errors[0] and "rolled back to 'all-3g.40gb'" in errors[0]
+def test_a_new_leader_finishes_the_repartition_with_no_double_eviction(cluster, backends):
+    fake, a = setup(cluster, backends, user_agent="migscale/a")
+    assert a.apply([REPART]) == []
+    run(a, fake, lambda: phase(fake) == "configuring")
+    a.close()  # the leader dies mid-repartition: nothing released, nothing undone
+    b = backends([MODEL], user_agent="migscale/b")
+    caught_up(b, fake)
+    before = evictions(fake)
+    run(b, fake, lambda: phase(fake) is None)
+    assert evictions(fake) == before and max(before.values()) == 1  # b evicted nothing again
     node = fake.get("Node", "node-a", None)
-    assert node["metadata"]["labels"][MIG_CONFIG_LABEL] == "all-3g.40gb"
-    assert not node["spec"].get("unschedulable")
-    assert clock.now() - t0 >= 300
-    assert [s.split()[0] for s in rep.log][-2:] == ["rollback", "uncordon"]
+    assert not node["spec"].get("unschedulable") and node["metadata"]["labels"][MIG_STATE_LABEL] == "success"
+    assert fake.get("Deployment", "resnet-3g-40gb")["spec"]["replicas"] == 2  # b undid a's surge, once
+    uncordons = [r for r in fake.writes("migscale/b") if r.path.endswith("/nodes/node-a")]
+    assert uncordons and not [r for r in fake.writes("migscale/b") if r.path.endswith("/eviction")]
 
 
-def test_repartition_drain_timeout_leaves_label_alone(fake, connect):
-    be, _rep, _mgr, _clock, action = setup(fake, connect, polls_to_success=1)
-    fake.blocked_evictions.add("resnet-3g-b")  # its PDB never lets it go
-    errors = be.apply([action])
-    assert len(errors) == 1 and "drain of node-a timed out" in errors[0] and "resnet-3g-b" in errors[0]
+def test_a_failed_config_rolls_back_and_the_node_cools_off(cluster, backends):
+    fake, be = setup(cluster, backends)
+    cluster.mig._entry = lambda name: None  # mig-manager cannot find the config: state=failed
+    be.apply([REPART])
+    errors = wait_until(lambda: (be.snapshot() and be.advance()) or None, 15, "the failure")
+    assert len(errors) == 1 and "failed" in errors[0] and "rolled back to 'all-3g'" in errors[0]
     node = fake.get("Node", "node-a", None)
-    assert node["metadata"]["labels"][MIG_CONFIG_LABEL] == "all-3g.40gb"
-    assert not node["spec"].get("unschedulable")
+    assert node["metadata"]["labels"][MIG_CONFIG_LABEL] == "all-3g" and not node["spec"].get("unschedulable")
+    assert ANNOTATION not in node["metadata"].get("annotations", {})
+    assert fake.get("Deployment", "resnet-3g-40gb")["spec"]["replicas"] == 2  # surge undone on the way back
+    warn = [e for e in fake.list("Event") if e["reason"] == "RepartitionFailed"]
+    assert warn and warn[0]["type"] == "Warning"
+    assert "node-a/0" in be.in_flight()[0]  # cooling: the planner leaves the node alone meanwhile
+    again = be.apply([REPART])
+    assert len(again) == 1 and "left alone" in again[0]
 
 
-def test_repartition_refuses_when_foreign_gpu_pods_run(fake, connect):
-    be, rep, _mgr, _clock, action = setup(fake, connect, polls_to_success=1)
-    fake.put_object(pod("someone-elses", "node-a", model=None, owned=False, ns="other"))
-    errors = be.apply([action])
+def test_a_model_that_cannot_be_moved_is_not_emptied(cluster, backends):
+    fake, be = setup(cluster, backends, spare={"1g.10gb": 7})  # no 3g elsewhere for a replacement
+    be.apply([REPART])
+    errors = wait_until(lambda: (be.snapshot() and be.advance()) or None, 10, "the refusal")
+    assert "no free 3g.40gb instance elsewhere" in errors[0]
+    assert ready(fake) == 2 and not evictions(fake)
+    node = fake.get("Node", "node-a", None)
+    assert not node["spec"].get("unschedulable") and node["metadata"]["labels"][MIG_CONFIG_LABEL] == "all-3g"
+
+
+def test_a_drain_the_budget_never_allows_times_out_and_leaves_the_label(cluster, backends):
+    clock = VirtualClock(1_800_000_000.0)
+    fake, be = setup(cluster, backends, clock=clock, drain_timeout_s=60)
+    for p in fake.list("Pod"):
+        fake.blocked_evictions.add(p["metadata"]["name"])  # their budget never lets them go
+    be.apply([REPART])
+    run(be, fake, lambda: "surge" in " ".join(be.repartitioner.log) and ready(fake) >= 3)
+    assert be.advance() == []
+    clock.advance(61)
+    errors = wait_until(lambda: be.advance() or None, 5, "the rollback")
+    assert len(errors) == 1 and "drain timed out after 60s" in errors[0]
+    node = wait_until(lambda: (n := fake.get("Node", "node-a", None)) and not n["spec"].get("unschedulable") and n)
+    assert node["metadata"]["labels"][MIG_CONFIG_LABEL] == "all-3g"  # never relabelled
+    assert fake.get("Deployment", "resnet-3g-40gb")["spec"]["replicas"] == 2
+
+
+def test_mig_manager_that_never_answers_times_out_and_rolls_back(cluster, backends):
+    clock = VirtualClock(1_800_000_000.0)
+    cluster.mig.delay_s = 1e9
+    fake, be = setup(cluster, backends, spare={"3g.40gb": 3}, clock=clock, config_timeout_s=600)
+    be.apply([REPART])
+    run(be, fake, lambda: phase(fake) == "configuring")
+    wait_until(lambda: fake.get("Node", "node-a", None)["metadata"]["labels"][MIG_STATE_LABEL] == "pending")
+    caught_up(be, fake)
+    assert be.advance() == []
+    clock.advance(601)
+    errors = wait_until(lambda: be.advance() or None, 5, "the rollback")  # a patch that lost a race is retried
+    assert len(errors) == 1 and "still 'pending' after 600s" in errors[0] and "rolled back" in errors[0]
+
+
+def test_refuses_when_gpu_pods_it_does_not_own_run_there(cluster, backends):
+    fake, be = setup(cluster, backends)
+    fake.put_object({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "someone-elses", "namespace": "other"},
+                     "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "x", "resources": {
+                         "limits": {"nvidia.com/mig-3g.40gb": "1"}}}]}, "status": {"phase": "Running"}})
+    errors = be.apply([REPART])
     assert len(errors) == 1 and "someone-elses" in errors[0] and "refused" in errors[0]
-    assert rep.log == []
-    assert fake.get("ConfigMap", CFG.mig_parted_configmap, CFG.mig_parted_namespace) is None
-    assert len(fake.list("Pod")) == 3
     assert not fake.get("Node", "node-a", None)["spec"].get("unschedulable")
+    assert fake.get("ConfigMap", CFG.mig_parted_configmap, CFG.mig_parted_namespace) is None
+
+
+def test_a_stale_success_with_the_same_counts_waits_for_mig_manager(fake, backends):
+    """Same instance counts, another arrangement: only a ``pending`` seen since the label counts as an answer."""
+    fake.put_object(gpu_node("node-a", {"3g.40gb": 2}, config="all-3g", gpus=2))
+    be = backends([MODEL])
+    caught_up(be, fake)
+    layout = (Placement(0, "3g.40gb"),)
+    assert be.apply([Action(ActionKind.REPARTITION, Reason.REPARTITION, gpu="node-a/0", layout=layout),
+                     Action(ActionKind.REPARTITION, Reason.REPARTITION, gpu="node-a/1", layout=layout)]) == []
+    for _ in range(3):
+        caught_up(be, fake)
+        be.advance()
+    assert phase(fake) == "configuring"  # labelled; state still says the old "success"
+    node = fake.get("Node", "node-a", None)
+    node["metadata"]["labels"][MIG_STATE_LABEL] = "pending"
+    fake.put_object(node)  # mig-manager starts
+    caught_up(be, fake)
+    be.advance()
+    assert json.loads(fake.get("Node", "node-a", None)["metadata"]["annotations"][ANNOTATION])["pendingSeen"] is True
+    node = fake.get("Node", "node-a", None)
+    node["metadata"]["labels"][MIG_STATE_LABEL] = "success"
+    fake.put_object(node)
+    caught_up(be, fake)
+    be.advance()
+    assert phase(fake) is None
+
+
+def test_pods_being_evicted_are_reported_draining(cluster, backends):
+    fake, be = setup(cluster, backends)
+    be.apply([REPART])
+    run(be, fake, lambda: any(r.state is ReplicaState.DRAINING for r in be.snapshot().replicas))
+    assert any(r.gpu.startswith("node-a") for r in be.snapshot().replicas if r.state is ReplicaState.DRAINING)

@@ -111,20 +111,15 @@ def test_through_the_api_for_many_deployments():
         assert math.ceil(hpa_reads(obj["items"][0]["value"]) / TARGET) == d
 
 
-def test_the_rendered_hpa_reads_the_rendered_deployments_pods():
-    """The shipped manifests and this API agree: HPA metric name, target, and pod selector."""
-    from autoscaler.act.kubernetes.render import RenderConfig, deployment, hpa
+def test_a_pods_metric_query_with_the_rendered_deployments_selector_finds_its_pods():
+    """This API and the rendered Deployment agree on the pod selector an HPA-style Pods query sends."""
+    from autoscaler.act.kubernetes.render import RenderConfig, deployment
     from autoscaler.api.synthetic import demo_models, demo_tick
 
     spec = demo_models()[0]  # resnet
-    cfg = RenderConfig()
-    dep = deployment(spec, "1g.10gb", 1, cfg)
-    h = hpa(spec, "1g.10gb", cfg)
-    [metric] = h["spec"]["metrics"]
-    assert metric["type"] == "Pods"
-    assert metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "1"}
-    name = metric["pods"]["metric"]["name"]
-    assert h["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"] == "resnet-1g-10gb"
+    dep = deployment(spec, "1g.10gb", 1, RenderConfig())
+    name = "migscale_replica_ratio"
+    assert dep["metadata"]["name"] == "resnet-1g-10gb"
     # what the HPA controller sends: the Deployment's spec.selector as a string
     selector = ",".join(f"{k}={v}" for k, v in sorted(dep["spec"]["selector"]["matchLabels"].items()))
     s = ApiState()

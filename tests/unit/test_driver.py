@@ -130,7 +130,7 @@ def test_drives_the_production_control_loop_on_a_virtual_clock() -> None:
     src = FakeMetricsSource()
     src.set_rate("m", 30.0)
     inv = FakeInventory()
-    act = RecordingActuator(inv)
+    act = RecordingActuator(inv, geometry=False)  # stub_planner places without MIG geometry
     spec = ModelSpec("m", {"1g.10gb": 10.0}, ("1g.10gb",), min_replicas=1, max_replicas=8)
     cfg = PolicyConfig(models=(spec,), slo_p99_ms={"m": 100.0}, tick_s=5.0)
     loop = ControlLoop(src, inv, act, cfg, clock, planner=stub_planner)

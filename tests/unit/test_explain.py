@@ -27,7 +27,7 @@ def write_log(path, converge_calls=0):
     inv = FakeInventory(
         single_gpu_cluster(replicas=[Replica("a-0", "a", P, "node-a/0", 0, ReplicaState.READY)])
     )
-    act = RecordingActuator(inv, converge_calls=converge_calls)
+    act = RecordingActuator(inv, converge_calls=converge_calls, geometry=False)  # stub_planner: no MIG geometry
     src = FakeMetricsSource()
     src.set_rate("a", 400, p99_ms=80.0)
     src.set_rate("b", None)

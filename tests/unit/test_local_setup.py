@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from autoscaler.act.local.probe import ReplicaCounters, load_between, parse_counters
-from autoscaler.runtime.local_setup import initial_actions, local_gpus
 from autoscaler.config import parse_cluster, parse_models
+from autoscaler.mig import Placement
 from autoscaler.policy.types import ActionKind, ClusterState, Replica, ReplicaState
+from autoscaler.runtime.local_setup import initial_actions, local_gpus
 from autoscaler.status import ReplicaEndpoint, ReplicaNumbers, build_status, render_table
 
 REPO = Path(__file__).resolve().parents[2] / "triton_models"
@@ -53,16 +55,21 @@ def _configs(ha: bool):
     return models, cluster
 
 
-def test_initial_placement_uses_idle_instances_first_then_best_start():
+def test_initial_placement_is_the_planners_min_replicas_on_carved_instances():
     models, cluster = _configs(ha=False)
     gpus, uuids = local_gpus(cluster)
     assert uuids == {}
     acts = initial_actions(models, cluster, ClusterState(gpus=tuple(gpus)))
     creates = [(a.model, a.gpu, a.profile, a.start) for a in acts if a.kind is ActionKind.CREATE]
-    # resnet takes the idle 1g@6 on n/0; rnn's 2g instances: n/0 has only 2g@4 free
-    assert creates[0] == ("resnet", "n/0", "1g.10gb", 6)
-    assert [c[0] for c in creates] == ["resnet", "rnn", "rnn"]
+    assert sorted(c[0] for c in creates) == ["resnet", "rnn", "rnn"]  # min_replicas, no more
+    assert ("resnet", "n/0", "1g.10gb", 6) in creates  # the idle 1g@6 is used as it is
     assert len({(c[1], c[3]) for c in creates}) == 3  # no instance used twice
+    # rnn's 2g instances are carved first (the contract: a CREATE needs its instance),
+    # on the GPU already in use rather than a second one (fewest GPUs)
+    (cut,) = [a for a in acts if a.kind is ActionKind.REPARTITION]
+    assert acts.index(cut) < min(i for i, a in enumerate(acts) if a.kind is ActionKind.CREATE)
+    assert {(c[1], c[2], c[3]) for c in creates if c[0] == "rnn"} <= {("n/0", str(p.profile), p.start)
+                                                                      for p in cut.layout}
     assert acts[-1].kind is ActionKind.WAIT_READY
 
 
@@ -78,6 +85,8 @@ def test_existing_replicas_count_toward_min_replicas():
     models, cluster = _configs(ha=False)
     gpus, _ = local_gpus(cluster)
     running = (Replica("r1", "rnn", "2g.20gb", "n/1", 0), Replica("r2", "rnn", "2g.20gb", "n/1", 2))
+    gpus = [g if g.id != "n/1" else replace(g, layout=(Placement(0, "2g.20gb"), Placement(2, "2g.20gb")))
+            for g in gpus]
     acts = initial_actions(models, cluster, ClusterState(gpus=tuple(gpus), replicas=running))
     assert [a.model for a in acts if a.kind is ActionKind.CREATE] == ["resnet"]
 

@@ -6,6 +6,7 @@ import json
 import threading
 
 from autoscaler.clock import VirtualClock
+from autoscaler.driver import Driver
 from autoscaler.fakes import (
     FakeInventory,
     FakeMetricsSource,
@@ -30,7 +31,7 @@ def make_loop(a=1, b=1, log=None, converge_calls=0, **cfg):
     reps = [Replica(f"a-{i}", "a", PROFILE, "node-a/0", i, ReplicaState.READY) for i in range(a)]
     reps += [Replica(f"b-{i}", "b", PROFILE, "node-a/0", i, ReplicaState.READY) for i in range(b)]
     inv = FakeInventory(single_gpu_cluster(replicas=reps))
-    act = RecordingActuator(inv, converge_calls=converge_calls)
+    act = RecordingActuator(inv, converge_calls=converge_calls, geometry=False)  # stub_planner: no MIG geometry
     src = FakeMetricsSource()
     clock = VirtualClock(0.0)
     config = PolicyConfig(models=(spec("a"), spec("b")), churn_budget=None, **cfg)
@@ -187,10 +188,10 @@ def test_run_until_stopped_with_virtual_clock():
         if len(seen) == 4:
             stop.set()
 
-    loop, src, _inv, _act, _clock = make_loop()
+    loop, src, _inv, _act, clock = make_loop()
     loop.on_tick = on_tick
     src.set_rate("a", 10), src.set_rate("b", 10)
-    loop.run(stop)
+    Driver(loop, clock, tick_s=loop.config.tick_s).run(stop)
     assert seen == [0, 5, 10, 15]
 
 
@@ -225,7 +226,7 @@ def test_decision_log_rotates_one_generation(tmp_path):
 
 class InFlightActuator(RecordingActuator):
     def __init__(self, inventory):
-        super().__init__(inventory)
+        super().__init__(inventory, geometry=False)
         self.busy_gpus: set[str] = set()
         self.busy_models: set[str] = set()
 
@@ -323,3 +324,24 @@ def test_in_flight_answering_none_falls_back_to_the_global_gate():
     r = loop.tick()
     assert r.gated and act.apply_calls == []
     assert r.reasons["b"] == (Reason.HOLD_CONVERGING,)
+
+
+def test_late_errors_of_queued_actions_are_reported_without_failing_the_tick(tmp_path):
+    from autoscaler.policy.types import Action
+
+    log = tmp_path / "decisions.jsonl"
+    loop, src, _inv, act, _clock = make_loop(log=log)
+    act.instant, act.fail_starts = False, {"a-new"}
+    src.set_rate("a", 10), src.set_rate("b", 10)
+    # an earlier tick's swap still queued in the actuator: its replacement will fail to start
+    act.apply([Action(ActionKind.CREATE, Reason.PROFILE_EFFICIENCY, gpu="node-a/0", model="a", profile=PROFILE,
+                      start=5, replica="a-new"),
+               Action(ActionKind.WAIT_READY, Reason.PROFILE_EFFICIENCY, replica="a-new"),
+               Action(ActionKind.DRAIN, Reason.PROFILE_EFFICIENCY, replica="a-0")])
+    act.settle()
+    r = loop.tick()
+    assert r.ok and r.errors == () and r.next_delay_s == loop.config.tick_s  # no back-off for old work
+    assert any("a-new failed to start" in e for e in r.late_errors)
+    assert any("skipped" in e and "a-0" in e for e in r.late_errors)
+    assert json.loads(log.read_text().splitlines()[-1])["late_errors"] == list(r.late_errors)
+    assert loop.tick().late_errors == ()  # each reported once

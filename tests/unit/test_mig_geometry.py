@@ -1,6 +1,6 @@
 """MIG geometry: products, placement rules, maximal layouts, best placement.
 
-The oracle here is written from FACTS.md §1 independently of
+The oracle here is written from docs/mig-geometry.md independently of
 ``autoscaler/mig`` (a plain table and a brute force over every subset of
 placements), so the enumeration is checked against the definition, not
 against itself.
@@ -33,7 +33,7 @@ from autoscaler.mig import (
 
 SEVEN_SLICE = ["A100-SXM4-40GB", "A100-SXM4-80GB", "H100-SXM5-80GB", "H100-NVL-94GB", "H200-141GB"]
 
-# FACTS.md §1, typed in again: kind -> (compute slices, memory slots, allowed starts)
+# docs/mig-geometry.md, typed in again: kind -> (compute slices, memory slots, allowed starts)
 GEOMETRY_7 = {
     "1g": (1, 1, range(7)),
     "1g+me": (1, 1, range(7)),
@@ -44,7 +44,7 @@ GEOMETRY_7 = {
     "7g": (7, 8, (0,)),
 }
 GEOMETRY_A30 = {"1g": (1, 1, range(4)), "2g": (2, 2, (0, 2)), "4g": (4, 4, (0,))}
-NAMES = {  # FACTS.md §1 profile-name table
+NAMES = {  # docs/mig-geometry.md profile-name table
     "A100-SXM4-40GB": "1g.5gb 1g.5gb+me 1g.10gb 2g.10gb 3g.20gb 4g.20gb 7g.40gb",
     "A100-SXM4-80GB": "1g.10gb 1g.10gb+me 1g.20gb 2g.20gb 3g.40gb 4g.40gb 7g.80gb",
     "H100-SXM5-80GB": "1g.10gb 1g.10gb+me 1g.20gb 2g.20gb 3g.40gb 4g.40gb 7g.80gb",

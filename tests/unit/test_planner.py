@@ -23,7 +23,7 @@ from autoscaler.policy.types import (
 
 A100 = "A100-SXM4-80GB"
 ALL = ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
-# ResNet-50 batch-1 shape (FACTS.md §2): small slices are far more efficient.
+# ResNet-50 batch-1 shape (docs/profile-throughput.md): small slices are far more efficient.
 LIGHT = {"1g.10gb": 127, "2g.20gb": 171, "3g.40gb": 191, "4g.40gb": 192, "7g.80gb": 192}
 # Throughput about linear in slices (large batch).
 LINEAR = {"1g.10gb": 60, "2g.20gb": 120, "3g.40gb": 180, "4g.40gb": 240, "7g.80gb": 420}

@@ -424,3 +424,40 @@ def test_a_replica_only_starting_is_not_in_flight():
     # capacity on its way, shown in the snapshot and counted by the policy: not a reason to hold
     assert c.converging()
     assert c.in_flight() == (frozenset(), frozenset())
+
+
+def test_wait_ready_times_out_behind_a_repartition_longer_than_the_bound():
+    c, _ = _two_gpu_cluster(start_delay_s=30, repartition_delay_s=300, wait_ready_timeout_s=120)
+    c.apply([_create(rid="old")])  # m serves from 3g@0 on n/0
+    for _ in range(7):
+        c.advance(np.array([0.0, 0.0]))
+    seven = (Placement(0, "7g.80gb"),)
+    errs = c.apply([
+        Action(ActionKind.REPARTITION, Reason.REPARTITION, gpu="n/1", layout=seven),
+        Action(ActionKind.CREATE, Reason.PROFILE_EFFICIENCY, gpu="n/1", model="m", profile="7g.80gb", start=0,
+               replica="new"),
+        Action(ActionKind.WAIT_READY, Reason.PROFILE_EFFICIENCY, gpu="n/1", model="m", start=0, replica="new"),
+        Action(ActionKind.DRAIN, Reason.PROFILE_EFFICIENCY, replica="old"),
+        Action(ActionKind.DELETE, Reason.PROFILE_EFFICIENCY, replica="old"),
+    ])
+    assert errs == []
+    for _ in range(30):  # 150 s: the repartition (300 s) outlasts the 120 s bound
+        c.advance(np.array([0.0, 0.0]))
+    late = c.take_errors()
+    assert any("wait_ready new: not ready after 120s" in e for e in late)
+    assert sum("skipped" in e and "old" in e for e in late) == 2
+    assert {r.id: r.state for r in c.snapshot().replicas}["old"] == ReplicaState.READY  # never break before make
+    assert c.take_errors() == []  # each reported once
+
+
+def test_a_failed_start_fails_the_wait_and_is_not_in_flight():
+    c, _ = _cluster(start_delay_s=10)
+    c.fail_starts.add("m")
+    errs = c.apply([_create(rid="a"),
+                    Action(ActionKind.WAIT_READY, Reason.SCALE_UP_DEMAND, gpu="n/0", model="m", start=0, replica="a")])
+    assert errs == []
+    for _ in range(3):
+        c.advance(np.zeros(1))
+    assert any("failed to start" in e for e in c.take_errors())
+    assert c.snapshot().replicas[0].state == ReplicaState.FAILED
+    assert c.in_flight() == (frozenset(), frozenset())  # nothing here restarts it: the planner's to replace

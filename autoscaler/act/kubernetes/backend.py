@@ -1,66 +1,54 @@
 """The Kubernetes backend: the "act" (and inventory) edge of the loop on a real cluster.
 
-``KubernetesBackend`` implements the ``Inventory`` and ``Actuator``
-protocols with the official ``kubernetes`` client:
+``KubernetesBackend`` implements the ``Inventory`` and ``Actuator`` protocols
+with the official ``kubernetes`` client, composed of:
 
-- ``snapshot()`` reads Nodes (GPU feature discovery labels) and Triton pods
-  (``k8s_inventory``);
-- ``apply_plan(plan)`` makes the cluster hold exactly the objects
-  ``k8s_render`` builds for the plan's replica counts -- create or replace
-  with resourceVersion retries, then delete migscale-owned objects the plan no
-  longer wants; objects without the ``managed-by: migscale`` label are never
-  touched;
-- ``apply(actions)`` carries out a tick's ordered actions: CREATE/DELETE move a
-  (model, profile) Deployment's size (or a LeaderWorkerSet's group count)
-  through the scale subresource, REPARTITION runs the mig-manager flow
-  (``k8s_repartition``), WAIT_READY/DRAIN need nothing (the readiness probe
-  and the preStop drain do them);
-- ``converging()`` is True while a workload has fewer ready than desired
-  replicas or a node's ``nvidia.com/mig.config.state`` is not settled.
+- ``Caches`` (``workloads.py``): list+watch informers of Nodes, migscale's
+  Pods, Deployments, LeaderWorkerSets, PodDisruptionBudgets, Services and
+  every HPA of the namespace; ``snapshot()`` reads them (``inventory.py``),
+  so a steady tick sends no request;
+- ``Rollout`` (``rollout.py``): ``apply(actions)`` queues the tick's actions
+  as make-before-break chains and starts them; ``advance()`` (once per
+  leader tick, from the controller's ``before_tick``) moves them on, and what
+  fails later is reported once by ``take_errors()`` (the actuator contract,
+  ``autoscaler/protocols.py``);
+- ``Repartitioner`` (``repartition.py``): the per-node state machine whose
+  state is an annotation on the Node;
+- ``EventRecorder`` (``events.py``): an Event for each scale, swap step and
+  repartition.
 
-With an elector (``k8s_leader.LeaseElector``) every write is preceded by a
-lease check; a follower returns one line saying why it did nothing.
+``in_flight()`` answers per GPU and per model -- GPUs of nodes under
+repartition (read from the Node annotations, so a follower sees the
+leader's), GPUs of terminating pods, and whatever queued steps touch -- so
+the loop holds only those and decides for everything else. ``conditions``
+says, per model, why it is short of the plan's target.
+
+Writes: only while this replica holds the lease (``KubeRest.guard``
+refuses any other), and only to objects labelled
+``app.kubernetes.io/managed-by: migscale``; ``spec.replicas`` only through
+the scale subresource (docs/kubernetes.md, "Who owns what").
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from autoscaler.act.kubernetes.client import KubeError, KubeRest, NotOwned, apply_object, owned
-from autoscaler.act.kubernetes.inventory import KubeInventory
+from autoscaler.act.kubernetes.client import KubeError, KubeRest
+from autoscaler.act.kubernetes.events import EventRecorder
+from autoscaler.act.kubernetes.informer import wait_all_synced
+from autoscaler.act.kubernetes.inventory import KubeInventory, is_ready, unschedulable
 from autoscaler.act.kubernetes.leader import LeaseElector
-from autoscaler.act.kubernetes.render import (
-    MANAGED_BY,
-    MANAGER,
-    MIG_STATE_LABEL,
-    WHOLE,
-    RenderConfig,
-    deployment,
-    hpa,
-    leader_worker_set,
-    model_objects,
-    pod_disruption_budget,
-    pod_monitor,
-    service,
-    workload_name,
-)
+from autoscaler.act.kubernetes.leader import micro_time as rfc3339
+from autoscaler.act.kubernetes.render import MODEL_LABEL, WHOLE, RenderConfig
 from autoscaler.act.kubernetes.repartition import Repartitioner
+from autoscaler.act.kubernetes.rollout import Rollout
+from autoscaler.act.kubernetes.workloads import Caches, Workloads, make_caches
 from autoscaler.clock import Clock, WallClock
-from autoscaler.policy.types import Action, ActionKind, ClusterState, ModelSpec, Plan
+from autoscaler.policy.types import Action, ClusterState, ModelSpec, Plan, ReplicaState
 
 Obj = dict[str, Any]
-LWS = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
-DEPLOY = ("apps/v1", "Deployment")
-# Kinds the backend garbage-collects when a plan no longer wants them.
-OWNED_KINDS = (
-    ("autoscaling/v2", "HorizontalPodAutoscaler"),
-    ("policy/v1", "PodDisruptionBudget"),
-    DEPLOY,
-    LWS,
-    ("v1", "Service"),
-)
 
 
 class KubernetesBackend:
@@ -72,221 +60,210 @@ class KubernetesBackend:
         *,
         clock: Clock | None = None,
         elector: LeaseElector | None = None,
-        repartitioner: Repartitioner | None = None,
-        use_hpa: bool = True,
-        manage_lws: bool = True,
+        identity: str = "migscale",
+        caches: Caches | None = None,
+        ready_timeout_s: float = 600.0,
+        drain_timeout_s: float = 300.0,
+        config_timeout_s: float = 600.0,
+        retry_after_s: float = 120.0,
+        sync_timeout_s: float = 30.0,
+        watch_timeout_s: float = 300.0,
+        start: bool = True,
     ) -> None:
         self.rest = rest
-        self.models = {m.name: m for m in models}
         self.cfg = cfg
         self.clock = clock or WallClock()
         self.elector = elector
-        self.repartitioner = repartitioner or Repartitioner(rest, cfg, self.clock)
-        self.inventory = KubeInventory(rest, cfg)
-        self.use_hpa = use_hpa
-        self.manage_lws = manage_lws
-        self.apply_calls: list[str] = []  # "created Deployment/x", ... in order, for status and tests
+        self.identity = identity
+        self.sync_timeout_s = sync_timeout_s
+        self.caches = caches or make_caches(rest, cfg, watch_timeout_s=watch_timeout_s)
+        self.recorder = EventRecorder(rest, self.clock, instance=identity, namespace=cfg.namespace)
+        self.workloads = Workloads(rest, cfg, self.clock, self.caches, self._event)
+        self.inventory = KubeInventory(cfg, self.caches.nodes, self.caches.pods)
+        self.repartitioner = Repartitioner(
+            rest, cfg, self.clock, self.caches.nodes, self.caches.pods, workloads=self.workloads,
+            free_elsewhere=self._free_elsewhere, identity=identity, event=self._event,
+            drain_timeout_s=drain_timeout_s, config_timeout_s=config_timeout_s, retry_after_s=retry_after_s,
+        )
+        self.rollout = Rollout(self.workloads, self.repartitioner, self.clock, cannot_start=self._cannot_start,
+                               ready_timeout_s=ready_timeout_s)
+        self.apply_calls: deque[str] = deque(maxlen=500)  # what was written, newest last
+        self._late: deque[str] = deque(maxlen=200)  # errors of queued work, until take_errors() reads them
+        self._last: ClusterState | None = None
+        self._transitions: dict[str, tuple[str, str, float]] = {}  # model -> (status, reason, since)
+        self.set_models(models)
+        # a new pod is placed the moment the watch shows it, not a tick later
+        self.caches.pods.handlers.append(self._on_pod)
+        if start:
+            self.start()
 
-    # ------------------------------------------------------------ protocols
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self.caches.start()
+        wait_all_synced(self.caches.all(), self.sync_timeout_s)
+
+    def close(self) -> None:
+        self.caches.stop()
+
+    @property
+    def models(self) -> dict[str, ModelSpec]:
+        return self.workloads.models
+
+    def set_models(self, models: Sequence[ModelSpec]) -> None:
+        """The model set may change at run time (the model source is asked every tick)."""
+        self.workloads.models = {m.name: m for m in models}
+
+    def _on_pod(self, kind: str, pod: Obj) -> None:
+        if kind == "ADDED" and self.leading() and (pod.get("spec") or {}).get("schedulingGates"):
+            self._late.extend(self.workloads.ungate([pod]))
+
+    def leading(self) -> bool:
+        return self.elector is None or self.elector.holds()
+
+    def _event(self, regarding: Obj, kind: str, reason: str, note: str) -> None:
+        self.recorder.event(regarding, kind, reason, note)
+        self.apply_calls.append(f"{reason} {regarding.get('kind')}/{(regarding.get('metadata') or {}).get('name')}: {note}")
+
+    # ------------------------------------------------------------ Inventory
 
     def snapshot(self) -> ClusterState:
-        return self.inventory.snapshot()
+        if not self.caches.synced():
+            lagging = [i.kind for i in self.caches.all() if not i.synced]
+            raise KubeError(0, f"caches not synced yet: {', '.join(lagging)} ({self.caches.nodes.last_error or 'listing'})")
+        self._last = self.inventory.snapshot()
+        return self._last
 
-    def _follower_reason(self) -> str | None:
-        if self.elector is None:
-            return None
-        st = self.elector.ensure()
-        return None if st.leader else f"not the leader ({st.reason}); no action taken"
-
-    def _put(self, obj: Obj, keep_replicas: bool = False) -> Obj:
-        verb, live = apply_object(self.rest, obj, keep_replicas=keep_replicas)
-        if verb != "unchanged":
-            self.apply_calls.append(f"{verb} {obj['kind']}/{obj['metadata']['name']}")
-        return live
-
-    def _owner_ref(self, live: Obj) -> Obj:
-        return {
-            "apiVersion": live["apiVersion"],
-            "kind": live["kind"],
-            "name": live["metadata"]["name"],
-            "uid": live["metadata"]["uid"],
-            "controller": True,
-            "blockOwnerDeletion": False,
-        }
-
-    def _apply_workload(self, spec: ModelSpec, profile: str, replicas: int) -> None:
-        """Workload + its PDB/HPA, the dependents owned by the workload (GC deletes them with it)."""
-        if profile == WHOLE:
-            workload = leader_worker_set(spec, replicas, self.cfg)
-            deps = [hpa(spec, WHOLE, self.cfg)] if self.use_hpa else []
-        else:
-            workload = deployment(spec, profile, replicas, self.cfg)
-            deps = [pod_disruption_budget(spec, profile, self.cfg)]
-            deps += [hpa(spec, profile, self.cfg)] if self.use_hpa else []
-        # Once an HPA exists it owns the size; re-applying the template must not reset it.
-        live = self._put(workload, keep_replicas=self.use_hpa)
-        for dep in deps:
-            dep["metadata"]["ownerReferences"] = [self._owner_ref(live)]
-            self._put(dep)
-
-    def apply_plan(self, plan: Plan) -> list[str]:
-        """Converge the namespace to the plan's objects; returns one line per failure."""
-        reason = self._follower_reason()
-        if reason:
-            return [reason]
-        errors: list[str] = []
-        wanted: set[tuple[str, str]] = set()
-        for spec in self.models.values():
-            for obj in model_objects(spec, plan.desired, self.cfg):
-                wanted.add((obj["kind"], obj["metadata"]["name"]))
-            try:
-                self._put(service(spec, self.cfg))
-                counts: dict[str, int] = defaultdict(int)
-                for (m, profile), n in plan.desired.items():
-                    if m == spec.name and n > 0:
-                        counts[WHOLE if spec.backend == "multinode" else profile] += n
-                if spec.backend == "multinode" and not counts:
-                    counts[WHOLE] = max(0, spec.min_replicas)
-                for profile, n in sorted(counts.items()):
-                    if n > 0 and (profile != WHOLE or self.manage_lws):
-                        self._apply_workload(spec, profile, n)
-            except KubeError as exc:
-                errors.append(f"{spec.name}: {exc}")
-        try:
-            wanted.add(("PodMonitor", "migscale-triton"))
-            self._put(pod_monitor(self.cfg))
-        except KubeError as exc:
-            errors.append(f"PodMonitor: {exc}")
-        errors += self._collect_garbage(wanted)
-        return errors
-
-    def _collect_garbage(self, wanted: set[tuple[str, str]]) -> list[str]:
-        errors: list[str] = []
-        for api_version, kind in OWNED_KINDS:
-            try:
-                items = self.rest.list(
-                    api_version, kind, self.cfg.namespace, label_selector=f"{MANAGED_BY}={MANAGER}"
-                )
-            except KubeError as exc:
-                if exc.status == 404:  # CRD not installed (e.g. no LWS): nothing of ours there
-                    continue
-                errors.append(f"list {kind}: {exc}")
-                continue
-            for obj in items:
-                name = obj["metadata"]["name"]
-                if (kind, name) in wanted or not owned(obj):
-                    continue
-                try:
-                    if self.rest.delete(api_version, kind, self.cfg.namespace, name):
-                        self.apply_calls.append(f"deleted {kind}/{name}")
-                except KubeError as exc:
-                    errors.append(f"delete {kind}/{name}: {exc}")
-        return errors
-
-    def _current_size(self, spec: ModelSpec, profile: str) -> int:
-        api_version, kind = LWS if profile == WHOLE else DEPLOY
-        live = self.rest.get(api_version, kind, self.cfg.namespace, workload_name(spec.name, profile))
-        if live is None:
-            return 0
-        if not owned(live):
-            raise NotOwned(409, f"{kind}/{live['metadata']['name']} is not managed by migscale; left alone")
-        return int((live.get("spec") or {}).get("replicas") or 0)
-
-    def _resize(self, spec: ModelSpec, profile: str, delta: int) -> None:
-        current = self._current_size(spec, profile)
-        target = max(0, current + delta)
-        name = workload_name(spec.name, profile)
-        api_version, kind = LWS if profile == WHOLE else DEPLOY
-        if target == current:
-            return
-        if current == 0:
-            self._put(service(spec, self.cfg))
-            self._apply_workload(spec, profile, target)
-        elif target == 0:
-            # the HPA and PDB are owned by the workload; delete them too so a
-            # cluster without the garbage collector (or a test) is left clean
-            for av, k in (
-                ("autoscaling/v2", "HorizontalPodAutoscaler"),
-                ("policy/v1", "PodDisruptionBudget"),
-                (api_version, kind),
-            ):
-                if self.rest.delete(av, k, self.cfg.namespace, name):
-                    self.apply_calls.append(f"deleted {k}/{name}")
-        else:
-            self.rest.set_scale(api_version, kind, self.cfg.namespace, name, target)
-            self.apply_calls.append(f"scaled {kind}/{name} {current}->{target}")
+    # ------------------------------------------------------------ Actuator
 
     def apply(self, actions: Sequence[Action]) -> list[str]:
-        """Carry out actions in order; replica moves are batched up to each repartition."""
-        reason = self._follower_reason()
-        if reason:
-            return [f"skipped {len(actions)} actions: {reason}"]
-        errors: list[str] = []
-        pending: dict[tuple[str, str], int] = defaultdict(int)
+        """Queue the actions as make-before-break chains and take every step that can be taken now."""
+        if not self.leading():
+            reason = self.elector.last.reason if self.elector is not None else ""
+            return [f"skipped {len(actions)} actions: not the leader ({reason})"]
+        self.recorder.new_tick()
+        cluster = self._last if self._last is not None else self.snapshot()
+        return self.rollout.submit(actions, cluster)
 
-        def flush() -> None:
-            for (model, profile), delta in sorted(pending.items()):
-                spec = self.models.get(model)
-                if spec is None:
-                    errors.append(f"{model}: not in the models config; action skipped")
-                    continue
-                try:
-                    self._resize(spec, WHOLE if spec.backend == "multinode" else profile, delta)
-                except KubeError as exc:
-                    errors.append(f"{workload_name(model, profile)}: {exc}")
-            pending.clear()
-
-        for a in actions:
-            if a.kind in (ActionKind.CREATE, ActionKind.DELETE) and a.model and a.profile:
-                pending[(a.model, a.profile)] += 1 if a.kind is ActionKind.CREATE else -1
-            elif a.kind is ActionKind.REPARTITION and a.gpu is not None:
-                flush()
-                errors += self._repartition(a)
-        flush()
+    def advance(self) -> list[str]:
+        """One step of everything under way (repartitions, waiting chains, retirements); leader only."""
+        if not self.leading():
+            return []
+        self.recorder.new_tick()
+        errors = self.workloads.ungate()
+        errors += self.repartitioner.advance()
+        errors += self.rollout.advance()
+        errors += self.workloads.sweep(self.rollout.workload_names())
+        self._late.extend(errors)
         return errors
 
-    def _repartition(self, a: Action) -> list[str]:
-        node, _, idx = (a.gpu or "").rpartition("/")
-        try:
-            state = self.snapshot()
-            gpus = sorted(
-                (g for g in state.gpus if g.node == node), key=lambda g: int(g.id.rpartition("/")[2])
-            )
-            if not gpus:
-                return [f"repartition {a.gpu}: node {node!r} has no GPUs in the inventory"]
-            layouts = [
-                (tuple(a.layout or ()) if g.id == a.gpu else (g.layout if g.mig_enabled else None))
-                for g in gpus
-            ]
-            if not any(g.id == a.gpu for g in gpus):
-                return [f"repartition {a.gpu}: GPU index {idx} not on node {node}"]
-            errs = self.repartitioner.repartition(node, layouts)
-            if not errs:
-                self.apply_calls.append(f"repartitioned {a.gpu}")
-            return errs
-        except KubeError as exc:
-            return [f"repartition {a.gpu}: {exc}"]
+    def take_errors(self) -> list[str]:
+        """Errors of queued work (rollouts, repartitions, retirements) since the last call, each once."""
+        out = list(self._late)
+        self._late.clear()
+        return out
+
+    def start_leading(self) -> None:
+        """Bring live workloads to the current templates (an upgrade, a changed image); errors reported late."""
+        self._late.extend(self.workloads.reconcile_templates())
+
+    def stop_leading(self) -> None:
+        self.rollout.reset()
+
+    def in_flight(self) -> tuple[frozenset[str], frozenset[str]]:
+        gpus, models = self.rollout.busy()
+        models |= self.repartitioner.draining_models()
+        last = self._last or ClusterState()
+        under_way = set(self.repartitioner.in_progress())
+        for g in last.gpus:
+            if g.node in under_way or self.repartitioner.cooling(g.node):
+                gpus.add(g.id)
+        for r in last.replicas:
+            if r.state is ReplicaState.DRAINING and r.gpu:
+                gpus.add(r.gpu)
+        return frozenset(gpus), frozenset(models)
 
     def converging(self) -> bool:
-        try:
-            for api_version, kind in (DEPLOY, LWS):
-                try:
-                    items = self.rest.list(
-                        api_version, kind, self.cfg.namespace, label_selector=f"{MANAGED_BY}={MANAGER}"
-                    )
-                except KubeError as exc:
-                    if exc.status == 404:
-                        continue
-                    raise
-                for obj in items:
-                    want = int((obj.get("spec") or {}).get("replicas") or 0)
-                    ready = int((obj.get("status") or {}).get("readyReplicas") or 0)
-                    if ready < want:
-                        return True
-            for node in self.rest.list("v1", "Node", None):
-                state = (node["metadata"].get("labels") or {}).get(MIG_STATE_LABEL)
-                if state in ("pending", "rebooting"):
-                    return True
-        except KubeError:
-            return True  # blind: assume in flight, so the loop holds rather than piles on
-        return False
+        last = self._last or ClusterState()
+        return bool(self.rollout.chains or self.repartitioner.in_progress()
+                    or any(r.state is ReplicaState.DRAINING for r in last.replicas))
+
+    def _free_elsewhere(self, profile: str, node: str) -> int:
+        """Free instances of ``profile`` on schedulable nodes other than ``node``, by the last snapshot."""
+        last = self._last or ClusterState()
+        taken = {(r.gpu, r.start) for r in last.replicas if r.state is not ReplicaState.FAILED}
+        ok = {n["metadata"]["name"] for n in self.caches.nodes.items() if not (n.get("spec") or {}).get("unschedulable")}
+        return sum(1 for g in last.gpus if g.node != node and g.node in ok
+                   for p in g.layout if p.profile == profile and (g.id, p.start) not in taken)
+
+    def _cannot_start(self, model: str, profile: str) -> str | None:
+        """Why new pods of a workload can never become Ready, from the last snapshot (None: they may)."""
+        if profile == WHOLE or self._last is None:
+            return None
+        names = {p["metadata"]["name"] for p in self.workloads.pods_of(model, profile)}
+        failed = [r for r in self._last.replicas if r.id in names and r.state is ReplicaState.FAILED]
+        if not failed:
+            return None
+        return f"{len(failed)} pod(s) cannot start (failed, or no free {profile} instance on any node)"
+
+    # ------------------------------------------------------------ conditions
+
+    def conditions(self, plan: Plan | None) -> dict[str, dict[str, Any]]:
+        """Per model, an ``AtTarget`` condition (HPA style) saying why it is short of the plan's target."""
+        now = self.clock.now()
+        waiting = self.rollout.waiting()
+        by_model: dict[str, list[Obj]] = {}
+        for p in self.caches.pods.items():
+            by_model.setdefault((p["metadata"].get("labels") or {}).get(MODEL_LABEL, ""), []).append(p)
+        wanted: dict[str, int] = {}
+        planned: dict[str, set[str]] = {}
+        for (m, p), n in (plan.desired.items() if plan else ()):
+            wanted[m] = wanted.get(m, 0) + n
+            planned.setdefault(m, set()).add(p)
+        out: dict[str, dict[str, Any]] = {}
+        for name, spec in sorted(self.models.items()):
+            profiles = planned.get(name, set())
+            want = wanted.get(name, 0) if plan else None
+            pods = by_model.get(name, [])
+            ready = sum(1 for p in pods if is_ready(p) and not p["metadata"].get("deletionTimestamp"))
+            if spec.backend == "multinode":
+                ready = self.workloads.ready(name, WHOLE)
+            foreign = [h for p in profiles | set(spec.allowed_profiles) if (h := self.workloads.foreign_scaler(name, p))]
+            why = waiting.get(name, "")
+            stuck = [p for p in pods if unschedulable(p)]
+            if want is None:
+                status, reason, msg = "Unknown", "NoPlan", "no plan yet"
+            elif ready >= want:
+                status, reason, msg = "True", "AtTarget", f"{ready}/{want} replicas ready"
+            elif foreign:
+                status, reason, msg = "False", "ScaledByOtherController", f"HorizontalPodAutoscaler {foreign[0]} owns a workload's replicas"
+            elif "repartitioning" in why:
+                status, reason, msg = "False", "Repartitioning", why
+            elif "disruption budget" in why:
+                status, reason, msg = "False", "DisruptionBudget", why
+            elif stuck:
+                cond = next(c for c in stuck[0]["status"]["conditions"] if c.get("type") == "PodScheduled")
+                status, reason, msg = "False", "Unschedulable", f"{len(stuck)} pod(s) pending: {cond.get('message', '')}"
+            elif plan is not None and (plan.shortfall.get(name) or 0) > 0:
+                status, reason, msg = "False", "Shortfall", f"the cluster cannot hold the target: {plan.shortfall[name]:.0f} req/s unserved"
+            elif why or len(pods) > ready:
+                status, reason, msg = "False", "WaitingForPods", why or f"{ready}/{want} ready, {len(pods) - ready} starting or terminating"
+            else:
+                status, reason, msg = "False", "Deferred", f"{ready}/{want} ready; the rest waits for the churn budget or a busy GPU"
+            prev = self._transitions.get(name)
+            since = prev[2] if prev is not None and prev[:2] == (status, reason) else now
+            self._transitions[name] = (status, reason, since)
+            out[name] = {"type": "AtTarget", "status": status, "reason": reason, "message": msg,
+                         "lastTransitionTime": rfc3339(since), "ready": ready, "desired": want}
+        for gone in set(self._transitions) - set(self.models):
+            del self._transitions[gone]
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "informers": [i.stats() for i in self.caches.all()],
+            "events": self.recorder.stats(),
+            "chains": len(self.rollout.chains),
+            "repartitions": sorted(self.repartitioner.in_progress()),
+            "requests": dict(self.rest.counts),
+        }

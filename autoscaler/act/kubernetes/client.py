@@ -1,13 +1,22 @@
 """A thin dict-in, dict-out layer over the official ``kubernetes`` client.
 
-Part of the Kubernetes backend's "act" edge: ``kubernetes.py``,
-``k8s_inventory.py``, ``k8s_repartition.py`` and ``k8s_leader.py`` talk to
-the API server only through ``KubeRest``. It keeps the client's
-configuration, auth and TLS handling (kubeconfig or in-cluster service
-account) but sends and returns plain dicts, so the objects built by
-``k8s_render`` go out exactly as rendered and CRD kinds (LeaderWorkerSet,
-PodMonitor) need no generated models.
+Part of the Kubernetes backend's "act" edge: the backend, the informers, the
+repartition state machine and the lease elector talk to the API server only
+through ``KubeRest``. It keeps the client's configuration, auth and TLS
+handling (kubeconfig or in-cluster service account) but sends and returns
+plain dicts, so the objects built by ``render`` go out exactly as rendered and
+CRD kinds (LeaderWorkerSet, PodMonitor) need no generated models.
 
+Two rules live here because every write passes through here:
+
+- **fencing**: ``guard(method, path)`` runs before every request that is not a
+  read or a Lease call; the backend points it at the elector, which raises
+  ``Fenced`` once this replica cannot prove it still holds the lease. No
+  write leaves the process after a lost renewal, whichever code path asks;
+- **counting**: ``counts`` tallies requests by verb (a watch counts once,
+  when it is opened), which the scale benchmark reports per tick.
+
+``watch`` streams one watch request's events (the informers use it);
 ``apply_object`` is create-or-replace with optimistic concurrency: it reads
 the live object, refuses to touch one that migscale does not own, and retries
 when the API server answers 409 because someone wrote in between.
@@ -17,7 +26,9 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterable
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import urllib3
@@ -35,6 +46,8 @@ KINDS: dict[tuple[str, str], tuple[str, bool]] = {
     ("v1", "Pod"): ("pods", True),
     ("v1", "Service"): ("services", True),
     ("v1", "ConfigMap"): ("configmaps", True),
+    ("events.k8s.io/v1", "Event"): ("events", True),
+    ("apps/v1", "ReplicaSet"): ("replicasets", True),
     ("apps/v1", "Deployment"): ("deployments", True),
     ("policy/v1", "PodDisruptionBudget"): ("poddisruptionbudgets", True),
     ("autoscaling/v2", "HorizontalPodAutoscaler"): ("horizontalpodautoscalers", True),
@@ -54,6 +67,19 @@ class KubeError(Exception):
 
 class NotOwned(KubeError):
     """The object exists but is not labelled ``app.kubernetes.io/managed-by: migscale``."""
+
+
+class Fenced(KubeError):
+    """A write refused before it was sent: this replica no longer holds the lease."""
+
+
+class Expired(KubeError):
+    """A watch's resourceVersion is older than the server keeps (410): list again."""
+
+
+def is_write(method: str, path: str) -> bool:
+    """Writes that need the lease: everything but reads and the Lease itself."""
+    return method != "GET" and "/leases/" not in path and not path.endswith("/leases")
 
 
 def path_for(
@@ -105,6 +131,27 @@ def is_subset(want: Any, have: Any) -> bool:
 class KubeRest:
     def __init__(self, api_client: k8s.ApiClient) -> None:
         self.api = api_client
+        self.guard: Callable[[str, str], None] | None = None  # raises Fenced to refuse a write
+        self.counts: Counter[str] = Counter()  # requests by verb ("WATCH" for a watch opened)
+        self.by_resource: Counter[tuple[str, str]] = Counter()  # (verb, resource) -> requests
+        self._count_lock = threading.Lock()
+
+    def _count(self, verb: str, path: str = "") -> None:
+        parts = [p for p in path.split("/") if p]
+        # /api/v1/namespaces/ns/pods/name/eviction -> "pods/eviction"; /apis/g/v/nodes -> "nodes"
+        rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+        if rest[:1] == ["namespaces"] and len(rest) > 2:
+            rest = rest[2:]
+        resource = rest[0] if rest else "?"
+        if len(rest) > 2:
+            resource += "/" + rest[2]
+        with self._count_lock:
+            self.counts[verb] += 1
+            self.by_resource[(verb, resource)] += 1
+
+    def total_requests(self) -> int:
+        with self._count_lock:
+            return sum(self.counts.values())
 
     @classmethod
     def connect(cls, host: str | None = None, user_agent: str | None = None) -> KubeRest:
@@ -139,6 +186,9 @@ class KubeRest:
         body: Obj | None = None,
         content_type: str = "application/json",
     ) -> Obj:
+        if self.guard is not None and is_write(method, path):
+            self.guard(method, path)
+        self._count(method, path)
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
@@ -183,12 +233,96 @@ class KubeRest:
         label_selector: str | None = None,
         field_selector: str | None = None,
     ) -> list[Obj]:
+        return self.list_at(
+            api_version, kind, namespace, label_selector=label_selector, field_selector=field_selector
+        )[0]
+
+    def list_at(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> tuple[list[Obj], str]:
+        """(items, the list's resourceVersion): where a watch of the same selection starts."""
         q = []
         if label_selector:
             q.append(("labelSelector", label_selector))
         if field_selector:
             q.append(("fieldSelector", field_selector))
-        return list(self.request("GET", path_for(api_version, kind, namespace), query=q).get("items") or [])
+        out = self.request("GET", path_for(api_version, kind, namespace), query=q)
+        return list(out.get("items") or []), str((out.get("metadata") or {}).get("resourceVersion") or "")
+
+    def watch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        resource_version: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_s: int = 300,
+        on_open: Callable[[Any], None] | None = None,
+    ) -> Iterator[Obj]:
+        """Events of one watch request, as dicts ``{type, object}``; ends when the server closes it.
+
+        Raises ``Expired`` for a 410 (as an ERROR event or an HTTP status) and
+        ``KubeError`` for any other failure. ``on_open(response)`` hands the
+        open response to the caller, whose ``shutdown()`` interrupts the read.
+        """
+        q = [("watch", "true"), ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(int(timeout_s)))]
+        if resource_version:
+            q.append(("resourceVersion", resource_version))
+        if label_selector:
+            q.append(("labelSelector", label_selector))
+        if field_selector:
+            q.append(("fieldSelector", field_selector))
+        path = path_for(api_version, kind, namespace)
+        self._count("WATCH", path)
+        m, url, hdrs, _body, _ = self.api.param_serialize(
+            method="GET",
+            resource_path=path,
+            query_params=q,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        try:
+            # no read timeout beyond the watch's own: a quiet watch is not a dead one
+            resp = self.api.call_api(m, url, header_params=hdrs, _request_timeout=(10, timeout_s + 30))
+        except ApiException as exc:
+            raise (Expired if exc.status == 410 else KubeError)(exc.status or 0, f"watch {path}: {exc.reason}") from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise KubeError(0, f"watch {path}: {exc}") from None
+        raw = resp.response
+        if resp.status != 200:
+            data = raw.data or b""
+            raw.release_conn()
+            cls = Expired if resp.status == 410 else KubeError
+            raise cls(resp.status, f"watch {path}: {resp.status} {data[:200]!r}")
+        if on_open is not None:
+            on_open(raw)
+        buf = b""
+        try:
+            for chunk in raw.stream(65536, decode_content=True):
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if event.get("type") == "ERROR":
+                        st = event.get("object") or {}
+                        code = int(st.get("code") or 0)
+                        cls = Expired if code == 410 else KubeError
+                        raise cls(code, f"watch {path}: {st.get('reason')}: {st.get('message')}")
+                    yield event
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            raise KubeError(0, f"watch {path}: stream ended: {type(exc).__name__}: {exc}") from None
+        finally:
+            raw.release_conn()
 
     def create(self, obj: Obj) -> Obj:
         meta = obj["metadata"]
@@ -208,9 +342,15 @@ class KubeRest:
             content_type="application/merge-patch+json",
         )
 
-    def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
+    def delete(
+        self, api_version: str, kind: str, namespace: str | None, name: str, *, resource_version: str | None = None
+    ) -> bool:
+        """Delete; with ``resource_version`` only that version (409 if it changed since we read it)."""
+        body = None
+        if resource_version:
+            body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"resourceVersion": resource_version}}
         try:
-            self.request("DELETE", path_for(api_version, kind, namespace, name))
+            self.request("DELETE", path_for(api_version, kind, namespace, name), body=body)
             return True
         except KubeError as exc:
             if exc.status == 404:
@@ -233,6 +373,20 @@ class KubeRest:
                 if exc.status != 409:
                     raise
         raise KubeError(409, f"scale {kind}/{name}: still conflicting after {retries} tries")
+
+    def patch_scale(
+        self, api_version: str, kind: str, namespace: str, name: str, replicas: int, resource_version: str = ""
+    ) -> Obj:
+        """One request: ``spec.replicas`` through the scale subresource (409 if ``resource_version`` is stale)."""
+        body: Obj = {"spec": {"replicas": replicas}}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return self.request(
+            "PATCH",
+            path_for(api_version, kind, namespace, name, "scale"),
+            body=body,
+            content_type="application/merge-patch+json",
+        )
 
     def evict(self, namespace: str, pod: str) -> None:
         body = {

@@ -1,4 +1,4 @@
-"""Inventory on Kubernetes: Nodes and Triton pods -> ``ClusterState`` (the "observe" half of the backend).
+"""Inventory on Kubernetes: the Node and Pod caches -> ``ClusterState`` (the "observe" half of the backend).
 
 GPU feature discovery and the MIG manager describe each node in labels:
 ``nvidia.com/gpu.product`` (``NVIDIA-A100-SXM4-80GB``), ``nvidia.com/gpu.count``,
@@ -12,8 +12,17 @@ each at the start ``best_start`` would pick: {3g.40gb: 1, 2g.20gb: 1,
 *a* valid layout with the right counts to decide what still fits; the real
 starts do not matter on Kubernetes, where the device plugin picks the instance.
 
-Pods labelled ``app.kubernetes.io/managed-by: migscale`` become replicas;
-a multinode group is one replica (its leader, worker-index 0).
+Pods labelled ``app.kubernetes.io/managed-by: migscale`` become replicas; a
+multinode group is one replica (its leader, worker-index 0). A pod bound to
+a node takes the first free instance of its profile there. A pod not yet
+bound takes a free instance wherever one is left -- the scheduler will put
+it on one -- and is STARTING; if no instance of its profile is free
+anywhere it can never start, and it is FAILED, so the planner replaces it
+(typically after a repartition) instead of waiting for it forever.
+
+Both caches are informers (``informer.py``): a snapshot reads memory only.
+The GPUs of a node are rebuilt only when the node's resourceVersion changes,
+which keeps a 1,000-node snapshot cheap.
 """
 
 from __future__ import annotations
@@ -21,13 +30,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from autoscaler.act.kubernetes.client import KubeRest
+from autoscaler.act.kubernetes.informer import Informer
 from autoscaler.act.kubernetes.render import (
     GFD_TO_PRODUCT,
     GPU_PRODUCT_LABEL,
     LWS_WORKER_INDEX,
-    MANAGED_BY,
-    MANAGER,
     MODEL_LABEL,
     PROFILE_LABEL,
     WHOLE,
@@ -50,25 +57,41 @@ def product_of(label: str | None) -> Product | None:
     return PRODUCTS.get(key) if key else None
 
 
+def _int(v: Any, default: int) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return default
+
+
+def allocatable_mig(node: Obj) -> Counter[str]:
+    """MIG instances per profile the device plugin advertises (``status.allocatable``)."""
+    alloc = (node.get("status") or {}).get("allocatable") or {}
+    out: Counter[str] = Counter()
+    for k, v in alloc.items():
+        if k.startswith(MIG_PREFIX) and _int(v, 0) > 0:
+            out[k[len(MIG_PREFIX):]] += _int(v, 0)
+    return out
+
+
 def mig_counts(node: Obj) -> Counter[str]:
     """Instances per profile on the node: GFD labels, else allocatable resources."""
     lbls = node["metadata"].get("labels") or {}
     out: Counter[str] = Counter()
     for k, v in lbls.items():
         if k.startswith(MIG_PREFIX) and k.endswith(".count"):
-            try:
-                out[k[len(MIG_PREFIX) : -len(".count")]] += int(v)
-            except ValueError:
-                continue
-    if not out:
-        alloc = (node.get("status") or {}).get("allocatable") or {}
-        for k, v in alloc.items():
-            if k.startswith(MIG_PREFIX):
-                try:
-                    out[k[len(MIG_PREFIX) :]] += int(v)
-                except ValueError:
-                    continue
-    return Counter({k: n for k, n in out.items() if n > 0})
+            out[k[len(MIG_PREFIX):-len(".count")]] += _int(v, 0)
+    out = Counter({k: n for k, n in out.items() if n > 0})
+    return out or allocatable_mig(node)
+
+
+def pod_uses_gpu(pod: Obj) -> bool:
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        for k in {**(res.get("limits") or {}), **(res.get("requests") or {})}:
+            if k == "nvidia.com/gpu" or k.startswith(MIG_PREFIX):
+                return True
+    return False
 
 
 def spread(product: Product, counts: Counter[str], gpus: int) -> list[tuple[Placement, ...]]:
@@ -88,13 +111,6 @@ def spread(product: Product, counts: Counter[str], gpus: int) -> list[tuple[Plac
     return [tuple(sorted(lay)) for lay in layouts]
 
 
-def _int(v: Any, default: int) -> int:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return default
-
-
 def node_gpus(node: Obj, cfg: RenderConfig) -> list[GpuState]:
     meta = node["metadata"]
     lbls = meta.get("labels") or {}
@@ -106,107 +122,116 @@ def node_gpus(node: Obj, cfg: RenderConfig) -> list[GpuState]:
     counts = mig_counts(node)
     fabric = lbls.get(cfg.fabric_label)
     rdma = fabric is not None or _int(alloc.get(cfg.rdma_resource), 0) > 0
-    mig_enabled = (
-        bool(counts)
-        or lbls.get("nvidia.com/mig.strategy") in ("mixed", "single")
-        and _int(alloc.get("nvidia.com/gpu"), 0) == 0
+    mig_enabled = bool(counts) or (
+        lbls.get("nvidia.com/mig.strategy") in ("mixed", "single") and _int(alloc.get("nvidia.com/gpu"), 0) == 0
     )
     layouts = spread(product, counts, count) if counts else [()] * count
     return [
-        GpuState(
-            id=f"{meta['name']}/{i}",
-            node=meta["name"],
-            product=product.name,
-            layout=layouts[i] if mig_enabled else (),
-            mig_enabled=mig_enabled,
-            rdma=rdma,
-            fabric=fabric,
-            emulated=False,
-        )
+        GpuState(id=f"{meta['name']}/{i}", node=meta["name"], product=product.name,
+                 layout=layouts[i] if mig_enabled else (), mig_enabled=mig_enabled, rdma=rdma,
+                 fabric=fabric, emulated=False)
         for i in range(count)
     ]
+
+
+def is_ready(pod: Obj) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def unschedulable(pod: Obj) -> bool:
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+               for c in (pod.get("status") or {}).get("conditions") or [])
 
 
 def pod_state(pod: Obj) -> ReplicaState:
     meta, st = pod["metadata"], pod.get("status") or {}
     if meta.get("deletionTimestamp"):
         return ReplicaState.DRAINING
-    if st.get("phase") in ("Failed", "Unknown"):
+    if st.get("phase") in ("Failed", "Unknown", "Succeeded"):
         return ReplicaState.FAILED
     for cs in st.get("containerStatuses") or []:
         waiting = (cs.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in ("CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff"):
             return ReplicaState.FAILED
-    for cond in st.get("conditions") or []:
-        if cond.get("type") == "Ready" and cond.get("status") == "True":
-            return ReplicaState.READY
-    return ReplicaState.STARTING
+    return ReplicaState.READY if is_ready(pod) else ReplicaState.STARTING
+
+
+def pod_profile(pod: Obj) -> str:
+    return ((pod["metadata"].get("labels") or {}).get(PROFILE_LABEL) or "").replace("_", "+")
 
 
 class KubeInventory:
-    """``Inventory.snapshot()`` for a cluster with the GPU Operator (MIG mixed strategy)."""
+    """``Inventory.snapshot()`` for a cluster with the GPU Operator (MIG mixed strategy), from informers."""
 
-    def __init__(self, rest: KubeRest, cfg: RenderConfig) -> None:
-        self.rest = rest
+    def __init__(self, cfg: RenderConfig, nodes: Informer, pods: Informer) -> None:
         self.cfg = cfg
+        self.nodes = nodes
+        self.pods = pods
+        self._gpus: dict[str, tuple[str, list[GpuState]]] = {}  # node -> (resourceVersion, its GPUs)
 
-    def nodes(self) -> list[Obj]:
-        return self.rest.list("v1", "Node", None)
-
-    def pods(self, node: str | None = None) -> list[Obj]:
-        return self.rest.list(
-            "v1",
-            "Pod",
-            self.cfg.namespace,
-            label_selector=f"{MANAGED_BY}={MANAGER},{MODEL_LABEL}",
-            field_selector=f"spec.nodeName={node}" if node else None,
-        )
+    def gpus(self) -> list[GpuState]:
+        out: list[GpuState] = []
+        seen = set()
+        for node in self.nodes.items():
+            name, rv = node["metadata"]["name"], node["metadata"].get("resourceVersion", "")
+            seen.add(name)
+            hit = self._gpus.get(name)
+            if hit is None or hit[0] != rv:
+                hit = (rv, node_gpus(node, self.cfg))
+                self._gpus[name] = hit
+            out.extend(hit[1])
+        for gone in set(self._gpus) - seen:
+            del self._gpus[gone]
+        return out
 
     def snapshot(self) -> ClusterState:
-        gpus: list[GpuState] = []
-        for node in self.nodes():
-            gpus.extend(node_gpus(node, self.cfg))
+        gpus = self.gpus()
         by_node: dict[str, list[GpuState]] = {}
         for g in gpus:
             by_node.setdefault(g.node, []).append(g)
         taken: set[tuple[str, int]] = set()
         replicas: list[Replica] = []
         reserved: dict[str, str] = {}
-        for pod in sorted(self.pods(), key=lambda p: p["metadata"]["name"]):
+        unbound: list[Obj] = []
+        for pod in sorted(self.pods.items(), key=lambda p: p["metadata"]["name"]):
             meta = pod["metadata"]
             lbls = meta.get("labels") or {}
-            model = lbls.get(MODEL_LABEL)
-            profile = (lbls.get(PROFILE_LABEL) or "").replace("_", "+")
+            model = lbls.get(MODEL_LABEL) or ""
+            profile = pod_profile(pod)
             node = (pod.get("spec") or {}).get("nodeName") or ""
             if LWS_WORKER_INDEX in lbls or profile == WHOLE:
                 for g in by_node.get(node, []):
-                    reserved[g.id] = model or ""
+                    reserved[g.id] = model
                 if lbls.get(LWS_WORKER_INDEX, "0") != "0":
                     continue  # a group counts once, at its leader
-                gpu, start, profile = (f"{node}/0" if node else ""), 0, WHOLE
+                replicas.append(Replica(meta["name"], model, WHOLE, f"{node}/0" if node else "", 0, pod_state(pod)))
+                continue
+            if not node:
+                unbound.append(pod)
+                continue
+            gpu, start = f"{node}/0", -1
+            for g in by_node.get(node, []):  # the first free instance of this profile
+                hit = next((p for p in g.layout if p.profile == profile and (g.id, p.start) not in taken), None)
+                if hit is not None:
+                    taken.add((g.id, hit.start))
+                    gpu, start = g.id, hit.start
+                    break
+            replicas.append(Replica(meta["name"], model, profile, gpu, start, pod_state(pod)))
+        for pod in unbound:
+            meta = pod["metadata"]
+            profile = pod_profile(pod)
+            spot = next(((g.id, p.start) for g in gpus for p in g.layout
+                         if p.profile == profile and (g.id, p.start) not in taken), None)
+            state = pod_state(pod)
+            if spot is None:
+                if state is not ReplicaState.DRAINING:
+                    state = ReplicaState.FAILED  # no instance of its profile anywhere: it cannot start
+                spot = ("", -1)
             else:
-                gpu, start = "", -1
-                for g in by_node.get(node, []):  # the first free instance of this profile
-                    hit = next(
-                        (p for p in g.layout if p.profile == profile and (g.id, p.start) not in taken), None
-                    )
-                    if hit is not None:
-                        taken.add((g.id, hit.start))
-                        gpu, start = g.id, hit.start
-                        break
-            replicas.append(
-                Replica(
-                    id=meta["name"],
-                    model=model or "",
-                    profile=profile,
-                    gpu=gpu,
-                    start=start,
-                    state=pod_state(pod),
-                )
-            )
+                taken.add(spot)
+            replicas.append(Replica(meta["name"], (meta.get("labels") or {}).get(MODEL_LABEL) or "", profile,
+                                    spot[0], spot[1], state))
         if reserved:
-            gpus = [
-                GpuState(**{**g.__dict__, "reserved_by": reserved[g.id]}) if g.id in reserved else g
-                for g in gpus
-            ]
+            gpus = [GpuState(**{**g.__dict__, "reserved_by": reserved[g.id]}) if g.id in reserved else g for g in gpus]
         return ClusterState(gpus=tuple(gpus), replicas=tuple(replicas))

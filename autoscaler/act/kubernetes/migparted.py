@@ -3,7 +3,7 @@
 Part of the Kubernetes "act" edge, pure (dicts only). ``k8s_repartition``
 writes an entry here before it sets ``nvidia.com/mig.config`` on a node, and
 ``migscale render`` prints the entries of cluster.yaml's declared layouts.
-The format is mig-parted's (FACTS.md §5): per named config, a list of
+The format is mig-parted's (docs/gpu-operator.md): per named config, a list of
 ``{devices, mig-enabled, mig-devices: {profile: count}}``. mig-parted takes
 counts, not placements, and places them itself.
 """

@@ -5,12 +5,18 @@ prints it; neither adds fields of its own, so what you review in the rendered
 YAML is exactly what the backend sends. Nothing here does I/O.
 
 Per (model, MIG profile): a Deployment of Triton pods that each request one
-``nvidia.com/mig-<profile>`` (one process sees one MIG device, FACTS.md §5),
-a PodDisruptionBudget, and an HPA v2 fed by migscale's metric. Per model: a
-Service. Once: a PodMonitor for Triton and the mig-parted ConfigMap that the
-GPU Operator's mig-manager reads. A ``backend: multinode`` model becomes a
-LeaderWorkerSet (one group = ``nodes_per_group`` pods on RDMA nodes), a
-leader-only Service and an HPA on the LWS scale subresource.
+``nvidia.com/mig-<profile>`` (one process sees one MIG device, docs/gpu-operator.md)
+and a PodDisruptionBudget. Per model: a Service. Once: a PodMonitor for Triton
+and the mig-parted ConfigMap that the GPU Operator's mig-manager reads. A
+``backend: multinode`` model becomes a LeaderWorkerSet (one group =
+``nodes_per_group`` pods on RDMA nodes) and a leader-only Service.
+
+One owner per field: migscale owns ``spec.replicas`` of every workload it
+renders and writes it only through the scale subresource, so nothing here
+renders a HorizontalPodAutoscaler for them -- an HPA on the same workload
+would be a second writer of the same number (docs/kubernetes.md,
+"Who owns what"). ``spec.replicas`` appears only in the object that creates
+the workload; the backend keeps the live value on every later update.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 MIG_STATE_LABEL = "nvidia.com/mig.config.state"
 MULTUS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
 WHOLE = "whole"  # profile key of a multinode group in Plan.desired
+PLACEMENT_GATE = "migscale.io/placement"  # a Deployment pod's scheduling gate (workloads.py lifts it)
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 # GPU feature discovery writes the NVML name with spaces turned into dashes
 # ("NVIDIA A100-SXM4-80GB" -> "NVIDIA-A100-SXM4-80GB").
@@ -44,25 +52,6 @@ for _nvml, _key in NVML_NAME_ALIASES.items():
     GFD_PRODUCTS.setdefault(_key, ())
     GFD_PRODUCTS[_key] += (_nvml.replace(" ", "-"),)
 GFD_TO_PRODUCT: dict[str, str] = {v: k for k, vs in GFD_PRODUCTS.items() for v in vs}
-
-
-@dataclass(frozen=True)
-class ScalingPolicy:
-    type: str  # "Percent" | "Pods"
-    value: int
-    period_s: int
-
-
-@dataclass(frozen=True)
-class ScalingRules:
-    stabilization_window_s: int
-    select_policy: str = "Max"
-    policies: tuple[ScalingPolicy, ...] = ()
-
-
-# The HPA's own defaults (FACTS.md §6), used when cluster.yaml says nothing.
-DEFAULT_SCALE_UP = ScalingRules(0, "Max", (ScalingPolicy("Percent", 100, 15), ScalingPolicy("Pods", 4, 15)))
-DEFAULT_SCALE_DOWN = ScalingRules(300, "Max", (ScalingPolicy("Percent", 100, 15),))
 
 
 @dataclass(frozen=True)
@@ -104,10 +93,6 @@ class RenderConfig:
     model_repository_volume: Mapping[str, Any] = field(
         default_factory=lambda: {"persistentVolumeClaim": {"claimName": "triton-models", "readOnly": True}}
     )
-    metric_name: str = "migscale_replica_ratio"
-    metric_target: str = "1"
-    scale_up: ScalingRules = DEFAULT_SCALE_UP
-    scale_down: ScalingRules = DEFAULT_SCALE_DOWN
     # preStop: 10 s lets kube-proxy / endpoint slices drop the pod before
     # Triton gets SIGTERM; Triton then finishes in-flight requests. The grace
     # period must cover both: 10 s + up to 50 s of draining = 60 s.
@@ -245,6 +230,9 @@ def deployment(spec: ModelSpec, profile: str, replicas: int, cfg: RenderConfig) 
         "terminationGracePeriodSeconds": cfg.termination_grace_s,
         "containers": [_triton_container(cfg, spec.name, {"limits": {resource: 1}})],
         "volumes": [{"name": "models", **dict(cfg.model_repository_volume)}],
+        # held back from the scheduler until migscale names the node the planner chose
+        # (it adds a hostname requirement and removes the gate: Pod Scheduling Readiness)
+        "schedulingGates": [{"name": PLACEMENT_GATE}],
     }
     return {
         "apiVersion": "apps/v1",
@@ -276,48 +264,6 @@ def pod_disruption_budget(spec: ModelSpec, profile: str, cfg: RenderConfig) -> O
         "spec": {
             "maxUnavailable": 1,
             "selector": {"matchLabels": {MODEL_LABEL: spec.name, PROFILE_LABEL: lbls[PROFILE_LABEL]}},
-        },
-    }
-
-
-def _rules(r: ScalingRules) -> Obj:
-    return {
-        "stabilizationWindowSeconds": r.stabilization_window_s,
-        "selectPolicy": r.select_policy,
-        "policies": [{"type": p.type, "value": p.value, "periodSeconds": p.period_s} for p in r.policies],
-    }
-
-
-def hpa(spec: ModelSpec, profile: str, cfg: RenderConfig) -> Obj:
-    """HPA v2 on migscale's Pods metric: each pod reports planned/current, target 1.
-
-    With ``averageValue: 1`` HPA computes ceil(current * avg / 1) = planned,
-    e.g. 2 pods each reporting 1.5 -> 3 replicas.
-    """
-    multinode = profile == WHOLE
-    target = (
-        {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": spec.name}
-        if multinode
-        else {"apiVersion": "apps/v1", "kind": "Deployment", "name": workload_name(spec.name, profile)}
-    )
-    return {
-        "apiVersion": "autoscaling/v2",
-        "kind": "HorizontalPodAutoscaler",
-        "metadata": _meta(workload_name(spec.name, profile), cfg, labels(spec.name, profile)),
-        "spec": {
-            "scaleTargetRef": target,
-            "minReplicas": max(1, spec.min_replicas if multinode else 1),
-            "maxReplicas": max(1, spec.max_replicas),
-            "metrics": [
-                {
-                    "type": "Pods",
-                    "pods": {
-                        "metric": {"name": cfg.metric_name},
-                        "target": {"type": "AverageValue", "averageValue": cfg.metric_target},
-                    },
-                }
-            ],
-            "behavior": {"scaleUp": _rules(cfg.scale_up), "scaleDown": _rules(cfg.scale_down)},
         },
     }
 
@@ -424,24 +370,20 @@ def leader_worker_set(spec: ModelSpec, groups: int, cfg: RenderConfig) -> Obj:
 def model_objects(spec: ModelSpec, desired: Mapping[tuple[str, str], int], cfg: RenderConfig) -> list[Obj]:
     """Every object one model needs, for the replica counts in ``desired``.
 
-    A (model, profile) with 0 replicas gets no Deployment (an HPA cannot go
-    below 1), so the backend deletes what it had there.
+    A (model, profile) with 0 replicas gets no Deployment: the backend scales
+    one it had there to 0 and deletes it once its pods are gone.
     """
     out: list[Obj] = [service(spec, cfg)]
     if spec.backend == "multinode":
         groups = sum(n for (m, _p), n in desired.items() if m == spec.name)
         groups = max(groups, spec.min_replicas)
         if groups > 0:
-            out += [leader_worker_set(spec, groups, cfg), hpa(spec, WHOLE, cfg)]
+            out.append(leader_worker_set(spec, groups, cfg))
         return out
     for (m, profile), n in sorted(desired.items()):
         if m != spec.name or n <= 0:
             continue
-        out += [
-            deployment(spec, profile, n, cfg),
-            pod_disruption_budget(spec, profile, cfg),
-            hpa(spec, profile, cfg),
-        ]
+        out += [deployment(spec, profile, n, cfg), pod_disruption_budget(spec, profile, cfg)]
     return out
 
 

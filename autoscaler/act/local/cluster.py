@@ -3,20 +3,10 @@
 It owns, on one machine: the GPUs (emulated ones from cluster.yaml, real ones
 from NVML), one tritonserver per replica pinned to one MIG instance, the
 nginx front door and Prometheus (or the direct-scrape fallback). The loop
-reads ``snapshot()`` and hands ``apply(actions)`` the plan's actions:
-
-* CREATE starts the process and returns at once; the supervisor thread polls
-  ``/v2/health/ready``, marks it READY and only then adds it to nginx and to
-  Prometheus' targets.
-* WAIT_READY blocks until the named (or just created) replicas are READY; if
-  one fails, the DRAIN/DELETE/REPARTITION actions after it are skipped, so a
-  scale change is make-before-break even when the new replica never comes up.
-* DRAIN removes the replica from nginx (graceful reload), waits until the
-  retired nginx workers have finished their requests and the replica reports
-  nothing pending and no request completing, then SIGTERM (SIGKILL after a
-  timeout). DELETE waits for that (or drains first if nobody asked).
-* REPARTITION rewrites an emulated GPU's layout; it refuses while an affected
-  instance still hosts a replica.
+reads ``snapshot()`` and hands ``apply(actions)`` the plan's actions, which
+``apply.py`` carries out under the actuator contract of ``protocols.py``
+without ever blocking; the supervisor thread (``supervisor.py``) marks
+replicas READY or FAILED every 0.2 s and moves queued action chains on.
 
 A replica whose process dies is restarted on the same instance (same id, new
 ports) under kubelet's back-off, CRASHLOOP while it waits (act/local/supervisor.py).
@@ -26,11 +16,11 @@ group we created and dies with the controller (act/local/procs.py).
 Multinode models (``backend: multinode``): the planner CREATEs one member per
 whole GPU (ids ``"<model>-g<k>-<rank>"``, profile ``"whole"``); the CREATEs of
 one group are collected and start ONE ``ProcessGroup`` (rank 0 = tritonserver,
-the others ``worker.py``), held here as one replica with ``members``. nginx and
-Prometheus see only the leader; the group is READY only when every member is;
-losing any member fails the group and the supervisor recreates all of it
-(LeaderWorkerSet's RecreateGroupOnPodRestart). DRAIN/DELETE of any member
-stop the whole group.
+the others ``worker.py``), held here as one replica with ``members``
+(``groups.py``). nginx and Prometheus see only the leader; the group is READY
+only when every member is; losing any member fails the group and the
+supervisor recreates all of it (LeaderWorkerSet's RecreateGroupOnPodRestart).
+DRAIN/DELETE of any member stop the whole group.
 """
 
 from __future__ import annotations
@@ -45,25 +35,25 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Self
 
+from autoscaler.act.local.apply import ApplyMixin, ProcessLauncher, ReplicaLauncher
 from autoscaler.act.local.backoff import BackoffPolicy, RestartBackoff
 from autoscaler.act.local.groups import GroupsMixin
 from autoscaler.act.local.nginx import NginxFrontDoor, Route
 from autoscaler.act.local.pids import PidRegistry, sweep
 from autoscaler.act.local.probe import ReplicaLoad, load_between, scrape
 from autoscaler.act.local.prometheus import PrometheusServer, ScrapeTarget
-from autoscaler.act.local.replicas import WHOLE, LocalReplica, ModelRuntime, launch, replica_env
+from autoscaler.act.local.replicas import LocalReplica, ModelRuntime, replica_env
 from autoscaler.act.local.supervisor import InfraState, SupervisionMixin, Supervisor
 from autoscaler.act.local.triton import free_port
 from autoscaler.clock import Clock, WallClock
-from autoscaler.mig.layout import Placement, check_layout, free_starts
-from autoscaler.mig.products import get_product
-from autoscaler.policy.types import Action, ActionKind, ClusterState, GpuState, ReplicaState
+from autoscaler.policy.types import ClusterState, GpuState, ReplicaState
+from autoscaler.protocols import ActionQueue
 from autoscaler.status import ReplicaEndpoint, ReplicaHealth, ReplicaNumbers, build_status
 
 _log = logging.getLogger("migscale.local")
 
 
-class LocalCluster(GroupsMixin, SupervisionMixin):
+class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
     def __init__(
         self,
         run_dir: str | os.PathLike,
@@ -81,8 +71,11 @@ class LocalCluster(GroupsMixin, SupervisionMixin):
         term_timeout_s: float = 10.0,
         auto_replace: bool = True,
         emulate: bool = True,
+        launcher: ReplicaLauncher | None = None,
         restart_backoff: BackoffPolicy | None = None,
     ) -> None:
+        """``launcher``: where replica processes come from (default: real ``tritonserver``
+        processes); the contract suite injects fast fake ones."""
         self.run_dir = Path(run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.models = dict(models)
@@ -94,6 +87,7 @@ class LocalCluster(GroupsMixin, SupervisionMixin):
         self.term_timeout_s = term_timeout_s
         self.auto_replace = auto_replace
         self.emulate = emulate
+        self.launcher: ReplicaLauncher = launcher or ProcessLauncher()
         self.api_port = api_port or free_port()
         self.door = NginxFrontDoor(self.run_dir, frontdoor_port or free_port())
         self.prom = PrometheusServer(self.run_dir, prometheus)
@@ -103,9 +97,11 @@ class LocalCluster(GroupsMixin, SupervisionMixin):
         self._lock = threading.RLock()
         self._router_lock = threading.Lock()
         self._drains: dict[str, threading.Thread] = {}
-        # Replicas our drains removed: a later DELETE of one is done. Bounded: a
-        # DELETE follows its DRAIN within a tick or two, 1,000 ids is hours of churn.
+        self._deleting: set[str] = set()  # replicas a DELETE asked to go (their drain removes them)
+        # Replicas our drains removed. Bounded: written on every delete, 1,000 ids is hours of churn.
         self._gone: _BoundedSet = _BoundedSet(1000)
+        self.queue = ActionQueue()  # action chains waiting for the world (apply.py)
+        self._apply_lock = threading.RLock()  # one chain runner at a time: the loop's apply, the supervisor
         self._seq = 0
         # multinode: member CREATEs seen in this apply(), per group id: rank -> GPU id
         self._pending: dict[str, dict[int, str]] = {}
@@ -120,7 +116,7 @@ class LocalCluster(GroupsMixin, SupervisionMixin):
         self._crashloop_held: set[str] = set()  # models whose replacements crash-loop too
         self._rotated_s = float("-inf")
         self._router_error: str | None = None  # the last nginx reload failure, logged once per streak
-        self.supervisor = Supervisor(self.supervise_once, log=self.log)
+        self.supervisor = Supervisor(self._supervise, log=self.log)
         self.started = False
         self._stopping = False  # set by stop(): no more starts or restarts
 
@@ -157,6 +153,8 @@ class LocalCluster(GroupsMixin, SupervisionMixin):
         with self._lock:
             self._stopping = True
         self.supervisor.stop()
+        with self._apply_lock:
+            self.queue.chains.clear()  # nothing queued outlives the processes it was for
         self.door.stop()
         self.pids.remove(self.door.pid)
         with self._lock:
@@ -189,6 +187,11 @@ class LocalCluster(GroupsMixin, SupervisionMixin):
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def _supervise(self) -> None:
+        """One supervisor pass: readiness and crashes, then the queued action chains move on."""
+        self.supervise_once()
+        self.advance()
+
     def log(self, msg: str) -> None:
         self.events.append(f"{time.strftime('%H:%M:%S')} {msg}")
         self.events_total += 1
@@ -220,278 +223,12 @@ class LocalCluster(GroupsMixin, SupervisionMixin):
         with self._lock:
             return list(self._replicas.values())
 
-    # ------------------------------------------------------------ Actuator
-    def converging(self) -> bool:
-        with self._lock:
-            return any(
-                r.state in (ReplicaState.STARTING, ReplicaState.DRAINING, ReplicaState.FAILED)
-                for r in self._replicas.values()
-            )
-
-    def in_flight(self) -> tuple[frozenset[str], frozenset[str]]:
-        """(GPUs, models) still converging, for the loop's per-GPU/per-model gate.
-
-        ``apply`` is synchronous here (WAIT_READY blocks inside it), so no action
-        is ever queued: what is in flight is a replica starting, draining or
-        failed (the supervisor restarts it). Their GPUs are busy; so are the
-        models of draining and failed replicas -- the snapshot still counts the
-        one and will recount the other once restarted, so planning on top of
-        them would double up. A replica that is only starting is capacity on
-        its way, which the policy counts: its model may keep scaling.
-        """
-        with self._lock:
-            gpus: set[str] = set()
-            models: set[str] = set()
-            for r in self._replicas.values():
-                if r.state in (ReplicaState.STARTING, ReplicaState.DRAINING, ReplicaState.FAILED):
-                    gpus.update(r.gpus)
-                if r.state in (ReplicaState.DRAINING, ReplicaState.FAILED):
-                    models.add(r.model)
-        # A model whose replacements crash-loop too: no more creates (supervisor.py).
-        return frozenset(gpus), frozenset(models | self.crashloop_held())
-
-    def apply(self, actions: Sequence[Action]) -> list[str]:
-        errors: list[str] = []
-        created: list[str] = []
-        blocked: str | None = None  # set when a WAIT_READY failed: no break before make
-        for a in actions:
-            if blocked and a.kind in (ActionKind.DRAIN, ActionKind.DELETE, ActionKind.REPARTITION):
-                errors.append(f"{a.kind.value} {a.replica or a.gpu}: skipped, {blocked}")
-                continue
-            try:
-                if a.kind is ActionKind.CREATE:
-                    rid = self._create(a)
-                    if rid is not None:
-                        created.append(rid)
-                elif a.kind is ActionKind.WAIT_READY:
-                    err = self._wait_ready(a, created)
-                    if err:
-                        errors.append(err)
-                        blocked = "an earlier WAIT_READY failed"
-                elif a.kind is ActionKind.DRAIN:
-                    self._drain(self._target(a))
-                elif a.kind is ActionKind.DELETE:
-                    if a.replica and a.replica in self._gone and self.replica(a.replica) is None:
-                        continue  # its DRAIN already finished (the drain stops the process)
-                    err = self._delete(self._target(a))
-                    if err:
-                        errors.append(err)
-                elif a.kind is ActionKind.REPARTITION:
-                    self._repartition(a)
-                else:  # pragma: no cover - new enum members
-                    errors.append(f"{a.kind}: not supported by the local backend")
-            except (ValueError, KeyError, RuntimeError, OSError) as e:
-                msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-                errors.append(
-                    f"{a.kind.value} {a.model or ''} {a.gpu or ''}@{a.start}: {msg}".replace("  ", " ")
-                )
-        with self._lock:
-            # A group starts only with all its members: a partial set is an error, not a half group.
-            for gid, ranks in self._pending.items():
-                errors.append(f"create {gid}: only members {sorted(ranks)} of the group were created; none started")
-            self._pending.clear()
-        return errors
-
-    # -- CREATE
-    def _create(self, a: Action) -> str | None:
-        if a.model is None or a.gpu is None or a.profile is None or a.start is None:
-            raise ValueError("CREATE needs model, gpu, profile and start")
-        rt = self.models.get(a.model)
-        if rt is None:
-            raise ValueError(f"unknown model {a.model!r}; known: {', '.join(self.models)}")
-        if rt.backend == "multinode":
-            return self._create_member(a, rt)
-        if rt.backend != "mig":
-            raise ValueError(f"model {a.model!r} uses backend {rt.backend!r}, not MIG replicas")
-        with self._lock:
-            if self._stopping:
-                raise RuntimeError("the local cluster is stopping")
-            gpu = self._gpus.get(a.gpu)
-            if gpu is None:
-                raise ValueError(f"unknown GPU {a.gpu!r}; known: {', '.join(self._gpus)}")
-            if not gpu.mig_enabled:
-                raise ValueError(f"{gpu.id} is held whole (MIG disabled); model {a.model!r} needs a MIG slice")
-            product = get_product(gpu.product)
-            product.profile(a.profile)
-            pl = Placement(a.start, a.profile)
-            if pl not in gpu.layout:
-                if not gpu.emulated:
-                    raise ValueError(
-                        f"{gpu.id} has no MIG instance {pl} (real GPU: repartition with nvidia-smi)"
-                    )
-                if a.start not in free_starts(product, gpu.layout, a.profile):
-                    raise ValueError(f"{pl} does not fit beside {[str(p) for p in gpu.layout]} on {gpu.id}")
-                # Creating a replica on a free slot of an emulated GPU creates the instance.
-                self._gpus[gpu.id] = replace(gpu, layout=tuple(sorted(gpu.layout + (pl,))))
-            busy = [r.id for r in self._replicas.values() if r.gpu == gpu.id and r.start == a.start]
-            if busy:
-                raise ValueError(f"instance {pl} on {gpu.id} already hosts replica {busy[0]}")
-            self._seq += 1
-            rid = a.replica or f"{a.model}-{gpu.id.replace('/', '-')}-s{a.start}-{self._seq}"
-            if rid in self._replicas:
-                raise ValueError(f"replica id {rid!r} already exists")
-            self._gone.discard(rid)
-            uuid = self.mig_uuids.get((gpu.id, a.start)) if not gpu.emulated else None
-            env = replica_env(gpu.product, a.profile, gpu.id, a.start, a.model, uuid, self.emulate)
-            proc = launch(rt, rid, self.run_dir, env, self.tritonserver)
-            r = LocalReplica(rid, a.model, a.profile, gpu.id, a.start, proc, ReplicaState.STARTING, self.clock.now())
-            self._record(r)
-            self._replicas[rid] = r
-            self.log(f"create {rid} ({a.profile} on {gpu.id} slot {a.start}, pid {proc.pid})")
-            return rid
-
     def _relaunch(self, r: LocalReplica):
         """A fresh tritonserver for ``r`` on its instance (new ports); the supervisor restarts with it."""
         gpu = self._gpus[r.gpu]
         uuid = self.mig_uuids.get((gpu.id, r.start)) if not gpu.emulated else None
         env = replica_env(gpu.product, r.profile, gpu.id, r.start, r.model, uuid, self.emulate)
-        return launch(self.models[r.model], r.id, self.run_dir, env, self.tritonserver)
-
-    # -- WAIT_READY
-    def _wait_ready(self, a: Action, created: list[str]) -> str | None:
-        if a.replica:
-            ids = [self._member_of.get(a.replica, a.replica)]
-        else:
-            # The replicas CREATEd earlier in this call; when the CREATE came in an
-            # earlier call, every replica still starting (that matches the filters).
-            pool = created or [r.id for r in self.replicas() if r.state is not ReplicaState.READY]
-            ids = [
-                rid
-                for rid in pool
-                if (r := self.replica(rid)) is not None
-                and r.state is not ReplicaState.DRAINING
-                and (a.model is None or r.model == a.model)
-                and (a.gpu is None or a.gpu in r.gpus)
-                and (a.start is None or r.start == a.start)
-            ]
-            ids = list(dict.fromkeys(ids))
-        deadline = time.monotonic() + self.wait_ready_timeout_s
-        pending = set(ids)
-        while pending:
-            for rid in list(pending):
-                r = self.replica(rid)
-                if r is None:
-                    return f"wait_ready {rid}: replica does not exist"
-                if r.state is ReplicaState.READY:
-                    pending.discard(rid)
-                elif r.state is ReplicaState.FAILED and not self.auto_replace:
-                    return f"wait_ready {rid}: replica failed ({r.process.tail_log(3)})"
-                elif r.state is ReplicaState.CRASHLOOP:
-                    last = r.last_error[-1] if r.last_error else f"exit {r.exit_code}"
-                    return f"wait_ready {rid}: crash-looping ({last})"
-            if pending and time.monotonic() > deadline:
-                waited = f"{self.wait_ready_timeout_s:.0f}s"
-                return f"wait_ready {', '.join(sorted(pending))}: not ready after {waited}"
-            if pending:
-                time.sleep(0.05)
-        return None
-
-    # -- DRAIN / DELETE
-    def _target(self, a: Action) -> LocalReplica:
-        with self._lock:
-            if a.replica:
-                r = self.replica(a.replica)
-                if r is None:
-                    raise ValueError(f"unknown replica {a.replica!r}")
-                return r
-            for r in self._replicas.values():
-                if a.gpu in r.gpus and r.start == a.start and (a.model is None or r.model == a.model):
-                    return r
-        raise ValueError(f"no replica at {a.gpu}@{a.start}")
-
-    def _drain(self, r: LocalReplica) -> threading.Thread:
-        with self._lock:
-            t = self._drains.get(r.id)
-            if t is not None:
-                return t
-            r.state, r.since_s = ReplicaState.DRAINING, self.clock.now()
-            r.routable = False
-            t = threading.Thread(target=self._drain_worker, args=(r,), name=f"drain-{r.id}", daemon=True)
-            self._drains[r.id] = t
-        self.log(f"drain {r.id}")
-        t.start()
-        return t
-
-    def _delete(self, r: LocalReplica) -> str | None:
-        t = self._drain(r)
-        t.join(self.drain_timeout_s + self.term_timeout_s + 60)
-        if t.is_alive():
-            return f"delete {r.id}: drain still running"
-        return None
-
-    def _drain_worker(self, r: LocalReplica) -> None:
-        try:
-            old_workers = self.sync_router()
-            # Once the workers of the old config have exited, every request nginx
-            # sent to this replica has been answered and no new one can arrive.
-            self.door.wait_retired(old_workers)
-            self._wait_idle(r)
-        finally:
-            pids = r.pids()
-            r.process.stop(timeout_s=self.term_timeout_s)
-            for pid in pids:
-                self.pids.remove(pid)
-            with self._lock:
-                if self._replicas.get(r.id) is r:
-                    del self._replicas[r.id]
-                    self._gone.add(r.id)
-                    for mid, _ in r.members:
-                        self._gone.add(mid)  # the DELETE of every other member is then done too
-                        self._member_of.pop(mid, None)
-                self._drains.pop(r.id, None)
-                self._loads.pop(r.id, None)
-            self.sync_targets()
-            self.log(f"deleted {r.id}")
-
-    def _wait_idle(self, r: LocalReplica) -> None:
-        """Nothing queued and the completed-count stable for 2 polls 0.2 s apart (direct clients too)."""
-        deadline = time.monotonic() + self.drain_timeout_s
-        prev = None
-        while time.monotonic() < deadline and r.process.alive():
-            cur = scrape(r.process.url_metrics, self.clock.now())
-            if cur is not None and cur.pending == 0 and prev is not None and cur.completed == prev.completed:
-                return
-            prev = cur
-            time.sleep(0.2)
-
-    # -- REPARTITION
-    def _repartition(self, a: Action) -> None:
-        if a.gpu is None or a.layout is None:
-            raise ValueError("REPARTITION needs gpu and layout")
-        with self._lock:
-            gpu = self._gpus.get(a.gpu)
-            if gpu is None:
-                raise ValueError(f"unknown GPU {a.gpu!r}")
-            if not gpu.emulated:
-                raise ValueError(
-                    f"{gpu.id} is a real GPU: repartition it with nvidia-smi/mig-parted, then restart"
-                )
-            busy_group = [r.id for r in self._replicas.values() if r.is_group and gpu.id in r.gpus]
-            if busy_group:
-                raise ValueError(f"refusing to repartition {gpu.id}: it is held by group {busy_group[0]}")
-            if a.profile == WHOLE:
-                # Whole-GPU mode for a multinode group: MIG off, no instances.
-                busy = [r.id for r in self._replicas.values() if r.gpu == gpu.id]
-                if busy:
-                    raise ValueError(f"refusing to take {gpu.id} whole: it still hosts {', '.join(busy)}")
-                self._gpus[gpu.id] = replace(gpu, layout=(), mig_enabled=False)
-                self.log(f"repartition {gpu.id}: whole GPU (MIG disabled)")
-                return
-            problems = check_layout(get_product(gpu.product), a.layout)
-            if problems:
-                raise ValueError(f"layout for {gpu.id} is invalid: {'; '.join(problems)}")
-            new = set(a.layout)
-            busy = [
-                f"{r.id} on {r.profile}@{r.start}"
-                for r in self._replicas.values()
-                if r.gpu == gpu.id and Placement(r.start, r.profile) not in new
-            ]
-            if busy:
-                raise ValueError(
-                    f"refusing to repartition {gpu.id}: affected instances still host {', '.join(busy)}"
-                )
-            self._gpus[gpu.id] = replace(gpu, layout=tuple(sorted(a.layout)), mig_enabled=True)
-            self.log(f"repartition {gpu.id}: {','.join(str(p) for p in sorted(a.layout))}")
+        return self.launcher.replica(self.models[r.model], r.id, self.run_dir, env, self.tritonserver)
 
     # ------------------------------------------------------------ router + targets
     def _routes(self) -> list[Route]:

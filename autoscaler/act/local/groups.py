@@ -18,10 +18,10 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autoscaler.act.local.pids import PidRegistry
-from autoscaler.act.local.replicas import WHOLE, LocalReplica, ModelRuntime, group_env, launch_group
+from autoscaler.act.local.replicas import WHOLE, LocalReplica, ModelRuntime, group_env
 from autoscaler.policy.types import Action, GpuState, ReplicaState
 from autoscaler.status import GroupView
 
@@ -46,6 +46,7 @@ class GroupsMixin:
     _member_of: dict[str, str]
 
     log: Callable[[str], None]  # LocalCluster's lifecycle log
+    launcher: Any  # LocalCluster's ReplicaLauncher (apply.py): starts the group's processes
 
     def _record(self, r: LocalReplica) -> None:
         """Put every process of ``r`` in pids.json (a group: the leader and each worker)."""
@@ -103,7 +104,7 @@ class GroupsMixin:
             del self._pending[gid]
             members = tuple((f"{gid}-{k}", ranks[k]) for k in range(rt.group_size))
             envs = [group_env(self._gpus[g].product, g, rt.name, self._gpus[g].emulated) for _, g in members]
-            group = launch_group(rt, gid, self.run_dir, envs, self.tritonserver)
+            group = self.launcher.group(rt, gid, self.run_dir, envs, self.tritonserver)
             r = LocalReplica(
                 gid,
                 rt.name,

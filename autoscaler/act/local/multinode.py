@@ -1,6 +1,6 @@
 """A local multinode replica: N processes started, watched and stopped as one group.
 
-This is the local stand-in for one LeaderWorkerSet group (FACTS.md §8). Rank 0
+This is the local stand-in for one LeaderWorkerSet group (docs/multinode.md). Rank 0
 is a real ``tritonserver`` (it alone serves HTTP, gRPC and metrics); ranks
 1..N-1 run the model's ``worker.py`` and join rank 0 through torch.distributed.
 RDMA cannot exist on this machine, so the collective runs over TCP with gloo;

@@ -1,6 +1,6 @@
 """Start and stop one real ``tritonserver`` process (the act/ edge of the local backend).
 
-The binary comes from the ``nvidia-pytriton`` wheel (FACTS.md §9) unless the
+The binary comes from the ``nvidia-pytriton`` wheel (docs/triton-local.md) unless the
 user names one. Running it on a machine without a GPU needs three things the
 wheel does not set up by itself: ``LD_LIBRARY_PATH`` with the wheel's
 ``nvidia_pytriton.libs``; a backends directory whose ``python/`` folder holds

@@ -13,7 +13,7 @@ Why exact and still cheap: let ``b`` be the most efficient profile. Any
 optimal mix holds fewer than ``compute(b)`` replicas of every other profile,
 and the other profiles together use at most ``6 * (1+2+3+4) = 60`` slices.
 A tiny knapsack over those 60 slices plus "fill the rest with ``b``" is exact.
-Worked number (ResNet-50 on A100-80GB, FACTS.md §2): 1g=127, 2g=171, 7g=192
+Worked number (ResNet-50 on A100-80GB, docs/profile-throughput.md): 1g=127, 2g=171, 7g=192
 req/s. Efficiency 127 > 85.5 > 27 per slice, so 400 req/s -> 4 x 1g (4
 slices, 508 req/s) rather than one 7g (7 slices, 192 req/s is not even enough).
 """

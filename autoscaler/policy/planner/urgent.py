@@ -4,7 +4,7 @@ Pure; used by ``planner._attempt`` before ``planner_place.place_all``. A
 running model short of its demand first takes empty MIG instances that exist
 now, on any profile it can use: a replica there serves after a pod start
 (~30 s), one behind a repartition after minutes (mig-manager: 3-5 min,
-FACTS.md §5), and a burst is lost by then. What is still missing is re-sized
+docs/gpu-operator.md), and a burst is lost by then. What is still missing is re-sized
 by fewest slices and placed as usual; later ticks' scale-down, right-sizing
 and consolidation move the model back to its efficient mix.
 """

@@ -1,0 +1,73 @@
+"""The simulated world's settings and records: ``SimConfig``, one replica, one repartition.
+
+Place in the loop: shared state of ``SimCluster`` (the world, ``cluster.py``)
+and its apply path (``actions.py``); nothing here acts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from autoscaler.mig import Placement
+from autoscaler.policy.types import ReplicaState
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    step_s: float = 5.0  # fluid integration step between ticks
+    start_delay_s: float = 30.0
+    drain_s: float = 5.0
+    repartition_delay_s: float = 180.0
+    scrape_delay_s: float = 15.0
+    metrics_window_s: float = 30.0
+    # A request queued longer than this is dropped (client/Triton timeout): it
+    # counts as an SLO miss but does not hold the queue up forever. 30 s at
+    # 300 req/s caps a replica's backlog at ~9,000 requests.
+    queue_timeout_s: float = 30.0
+    # False: ``in_flight()`` answers None, as an actuator that only knows
+    # ``converging()`` would, and the loop falls back to its global gate
+    # (``benchmarks/policies.py --diagnose`` measures the difference).
+    in_flight_hook: bool = True
+    # A WAIT_READY fails (and drops the rest of its chain) when its replica is not
+    # READY this long after the WAIT_READY began waiting: a Deployment's default
+    # progressDeadlineSeconds. Worked number: a CREATE behind a 180 s repartition
+    # plus a 30 s start waits 210 s, well inside it.
+    wait_ready_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name in ("step_s", "metrics_window_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name}: must be > 0, got {v!r}")
+        for name in ("start_delay_s", "drain_s", "repartition_delay_s", "scrape_delay_s", "queue_timeout_s",
+                     "wait_ready_timeout_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name}: must be >= 0, got {v!r}")
+
+
+@dataclass
+class SimReplica:
+    id: str
+    model: str
+    profile: str
+    gpu: str
+    start: int
+    mu: float  # service rate (req/s) of the fluid M/M/1 queue
+    capacity: float  # req/s at the SLO (the capacity table)
+    compute: int  # compute slices held
+    state: ReplicaState = ReplicaState.STARTING
+    since_s: float = 0.0
+    ready_at: float | None = None  # None: waits for its GPU's repartition
+    drained_at: float | None = None
+    x: float = 0.0  # requests in the system
+    delete_when_drained: bool = False
+    first_step: int = 0
+    cum_busy: list[float] = field(default_factory=list)  # busy-seconds at the end of each step
+
+
+@dataclass
+class Repartition:
+    target: tuple[Placement, ...]
+    done_at: float

@@ -1,0 +1,241 @@
+"""The Kubernetes controller at scale against the emulated control plane: 1,000 nodes, 8,000 GPUs, 200 models.
+
+Prints ONE JSON object (and writes ``benchmarks/results/k8s_scale.json``):
+
+- ``tick_s``: seconds per control tick (driver hooks + observe + decide + act +
+  publish), p50/p99/max, in steady state and during a scale-up (goal: p99 < 1 s);
+- ``requests_per_tick``: API requests the controller sends per tick, mean and
+  max, in steady state and during the scale-up, split into the lease's own
+  renewals (a write every ``retry_period_s``, independent of cluster size) and
+  everything else (goal: a few per steady tick);
+- ``baseline_list_per_tick``: what re-listing Nodes and Pods every tick costs
+  (two requests and their time, on the same cluster) -- the informers' work
+  side by side with the polling they replace;
+- ``memory_mb``: resident size of this process before the backend is built
+  and after the scale-up, and the objects its caches hold.
+
+The emulated API server and its controllers (and the load-driven Prometheus)
+run in a child process so they do not share this process's interpreter lock;
+on a 2-core machine each side gets a core. Delays are shortened (pods Ready in
+1 s, mig-manager 5 s) and the policy's churn budget raised to 1,000 so the
+warm-up of ~1,000 pods takes a few ticks instead of hundreds; the tick is 2 s.
+The seed fixes the models and the load; the figures are timings on this
+machine and vary by a few percent between runs.
+
+Run: ``flock /tmp/migscale-heavy.lock nice -n 10 .venv/bin/python benchmarks/k8s_scale.py [--nodes 1000] [--models 200]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+EMULATION = ROOT / "tests" / "kubernetes"
+NODE_COUNTS = {"1g.10gb": 30, "2g.20gb": 6, "3g.40gb": 4}  # 4 GPUs 7x1g, 2 GPUs 3x2g+1g, 2 GPUs 2x3g
+
+
+def models(n: int, rng: random.Random) -> tuple[str, dict[str, dict[str, float]], dict[str, float]]:
+    lines, caps, load = ["models:"], {}, {}
+    for i in range(n):
+        c = round(rng.uniform(40, 120))
+        caps[f"m{i}"] = {"1g.10gb": c, "2g.20gb": round(1.9 * c), "3g.40gb": round(2.7 * c)}
+        load[f"m{i}"] = round(rng.uniform(0.5, 4.0) * c)
+        lines.append(f"  - {{name: m{i}, model_dir: /models/m{i}, slo: {{p99_ms: 200}}, "
+                     f"profiles: [1g.10gb, 2g.20gb, 3g.40gb], min_replicas: 1, max_replicas: 32, "
+                     f"capacity: {json.dumps(caps[f'm{i}'])}}}")
+    return "\n".join(lines) + "\n", caps, load
+
+
+CLUSTER = """namespace: default
+gpus: [{node: node-0, product: A100-SXM4-80GB, count: 8, emulated: false}]
+policy: {tick_s: 2, churn_budget: 1000, short_window_s: 4, long_window_s: 10, rightsize_window_s: 0}
+"""
+
+
+def cluster_process(conn, nodes: int, caps: dict, load: dict, factor) -> None:
+    sys.path.insert(0, str(EMULATION))
+    from emulated import EmulatedCluster
+    from gpu_operator import gpu_node
+    from loadprom import LoadPrometheus
+
+    names = sorted(load)
+    c = EmulatedCluster(ready_delay_s=1.0, stop_s=0.5, mig_delay_s=5.0, interval_s=0.5, bookmark_s=10.0).start()
+    for i in range(nodes):
+        c.fake.put_object(gpu_node(f"node-{i:04d}", NODE_COUNTS, gpus=8), manager="kubelet")
+    prom = LoadPrometheus(c.fake, caps, lambda t: {m: load[m] * factor[k] for k, m in enumerate(names)}, window_s=30)
+    conn.send((c.url, prom.url))
+    conn.recv()  # until the parent is done
+    conn.send({"controller_errors": c.plane.errors[:5], "objects": len(c.fake.objects),
+               "server_requests": len(c.fake.requests)})
+    prom.close()
+    c.stop()
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--models", type=int, default=200)
+    ap.add_argument("--steady-ticks", type=int, default=10)
+    ap.add_argument("--max-ticks", type=int, default=12, help="warm-up and scale-up end here if not settled")
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    models_yaml, caps, load = models(args.models, rng)
+    names = sorted(load)
+    factor = mp.Array("d", [1.0] * len(names), lock=False)
+    parent, child = mp.Pipe()
+    proc = mp.get_context("fork").Process(target=cluster_process, args=(child, args.nodes, caps, load, factor),
+                                          daemon=True)
+    proc.start()
+    kube, prom_url = parent.recv()
+    tmp = Path(tempfile.mkdtemp(prefix="k8s-scale-"))
+    (tmp / "models.yaml").write_text(models_yaml)
+    (tmp / "cluster.yaml").write_text(CLUSTER)
+
+    from autoscaler.act.kubernetes.config import LeaseTimings, build_backend
+    from autoscaler.config import load_cluster, load_models, model_specs
+    from autoscaler.observe.prometheus import PrometheusSource
+    from autoscaler.observe.queries import Queries
+    from autoscaler.runtime.kubernetes import KubernetesController
+
+    me = psutil.Process()
+    rss0 = me.memory_info().rss
+    mc, cc = load_models(tmp / "models.yaml"), load_cluster(tmp / "cluster.yaml")
+    t0 = time.perf_counter()
+    be = build_backend(model_specs(mc, cc), cc, host=kube, identity="bench", lease_namespace="default",
+                       lease=LeaseTimings(15, 10, 2), backend_options={"sync_timeout_s": 120})
+    sync_s = time.perf_counter() - t0
+    src = PrometheusSource(prom_url, Queries(replica_label="pod"), window_s=30, metrics_stale_s=60)
+    ctl = KubernetesController(be, src, mc, cc, identity="bench")
+    assert be.elector is not None
+    be.elector.start()
+    while not be.elector.holds():
+        time.sleep(0.1)
+
+    def lease() -> int:
+        return sum(n for (_v, r), n in be.rest.by_resource.items() if r == "leases")
+
+    spent: dict[str, float] = {}
+
+    def timed(obj, name: str, label: str) -> None:
+        fn = getattr(obj, name)
+
+        def wrapper(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t
+
+        setattr(obj, name, wrapper)
+
+    timed(src, "read", "metrics")  # Prometheus queries (the emulated one, in the child process)
+    timed(be, "snapshot", "snapshot")  # informer caches -> ClusterState
+    timed(be, "apply", "apply")  # this tick's actions: API writes
+    timed(be, "advance", "advance")  # rollouts and repartitions under way: API writes
+    timed(ctl, "publish", "publish")  # the metrics API's snapshot
+
+    def run(ticks: int, until=None) -> list[dict]:
+        out = []
+        for _ in range(ticks):
+            total0, lease0 = be.rest.total_requests(), lease()
+            spent.clear()
+            start = time.perf_counter()
+            r = ctl.tick()
+            dt = time.perf_counter() - start
+            total, leased = be.rest.total_requests() - total0, lease() - lease0
+            out.append({"tick_s": dt, "requests": total - leased, "lease": leased, "actions": len(r.actions),
+                        "errors": len(r.errors), "chains": len(be.rollout.chains),
+                        "decide_s": ctl.loop.last_decide_s or 0.0, **{f"{k}_s": v for k, v in spent.items()}})
+            print(f"tick {len(out)}: {out[-1]}", file=sys.stderr, flush=True)
+            time.sleep(max(0.0, cc.policy.tick_s - dt))
+            if until is not None and until(out):
+                break
+        return out
+
+    def settled(out: list[dict]) -> bool:
+        return len(out) >= 2 and all(o["actions"] == 0 and o["chains"] == 0 for o in out[-2:])
+
+    warm = run(args.max_ticks, settled)
+    steady = run(args.steady_ticks)
+    for k in range(0, len(names), 2):  # half the models: 2.5x their load
+        factor[k] = 2.5
+    up = run(args.max_ticks, settled)
+    rss1 = me.memory_info().rss
+    pods = be.snapshot().replicas
+    base = []
+    for _ in range(5):  # the polling the informers replace: every Node and Pod, each tick
+        t = time.perf_counter()
+        be.rest.list("v1", "Node", None)
+        be.rest.list("v1", "Pod", cc.namespace, label_selector="app.kubernetes.io/managed-by=migscale")
+        base.append(time.perf_counter() - t)
+    active = [o for o in up if o["actions"] or o["chains"]]
+
+    def parts(ticks: list[dict]) -> dict[str, float]:
+        keys = ("metrics_s", "snapshot_s", "decide_s", "apply_s", "advance_s", "publish_s")
+        return {k[:-2]: round(statistics.median(o.get(k, 0.0) for o in ticks), 3) for k in keys}
+
+    steady_req = [o["requests"] for o in steady]
+    result = {
+        "cluster": {"nodes": args.nodes, "gpus": args.nodes * 8, "models": args.models, "pods": len(pods),
+                    "seed": args.seed},
+        "cache_sync_s": round(sync_s, 2),
+        "warmup_ticks": len(warm),
+        "tick_s": {
+            "steady": {"p50": round(pct([o["tick_s"] for o in steady], 0.5), 3),
+                       "p99": round(pct([o["tick_s"] for o in steady], 0.99), 3),
+                       "max": round(max(o["tick_s"] for o in steady), 3)},
+            "scale_up": {"p50": round(pct([o["tick_s"] for o in up], 0.5), 3),
+                         "p99": round(pct([o["tick_s"] for o in up], 0.99), 3),
+                         "max": round(max(o["tick_s"] for o in up), 3), "ticks": len(up)},
+            "steady_median_parts": parts(steady),
+            "scale_up_median_parts": parts(up),
+        },
+        "steady_actions": sum(o["actions"] for o in steady),
+        "requests_per_tick": {
+            "steady": {"mean": round(statistics.mean(steady_req), 2), "max": max(steady_req),
+                       "lease_mean": round(statistics.mean(o["lease"] for o in steady), 2)},
+            "scale_up": {"mean": round(statistics.mean(o["requests"] for o in active), 1) if active else 0,
+                         "max": max((o["requests"] for o in active), default=0), "ticks_acting": len(active),
+                         "actions": sum(o["actions"] for o in up)},
+        },
+        "baseline_list_per_tick": {"requests": 2, "seconds_p50": round(statistics.median(base), 3),
+                                   "vs_steady_tick_p50": round(statistics.median(base) /
+                                                               max(1e-9, pct([o["tick_s"] for o in steady], 0.5)), 2)},
+        "informers": {i.kind: {"objects": len(i), "lists": i.lists, "watches": i.watches, "expired": i.expired}
+                      for i in be.caches.all()},
+        "memory_mb": {"rss_before": round(rss0 / 2**20, 1), "rss_after": round(rss1 / 2**20, 1),
+                      "delta": round((rss1 - rss0) / 2**20, 1)},
+        "tick_errors": sum(o["errors"] for o in warm + steady + up),
+    }
+    ctl.close()
+    parent.send("done")
+    result["emulation"] = parent.recv()
+    proc.join(timeout=30)
+    text = json.dumps(result, indent=2)
+    print(text)
+    out = ROOT / "benchmarks" / "results" / "k8s_scale.json"
+    if args.nodes == 1000 and args.models == 200:
+        out.write_text(text + "\n")
+    threading.Event().set()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""An emulated Prometheus for the emulated cluster: Triton's series computed from a load trace.
+
+There are no Triton pods in the emulated cluster, so nothing to scrape. This
+answers ``/api/v1/query`` for exactly the PromQL migscale sends
+(``observe.queries.Queries``), from an offered load per model (a function of
+the seconds since ``start``) and the Ready pods of each model in the emulated
+store, each serving its profile's capacity from models.yaml:
+
+- requests/s = offered load, split into successes (up to the Ready pods'
+  capacity) and failures (the excess, as rejected requests count in Triton);
+- per request ``compute`` ms, and a queue that grows with utilisation
+  rho = offered / capacity: queue/compute = rho^2 / (1 - rho), capped at 20
+  (an M/M/1-like shape, enough for the policy's saturation signal); p99 =
+  3 x (queue + compute);
+- ``pending`` = the excess over five seconds (0 with no Ready pod: no Triton
+  to queue in); each Ready pod's busy fraction
+  = min(1, rho); sample time = now.
+
+A model with no Ready pod has no latency series (absent, not zero).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from fakeapi import FakeKube
+
+from autoscaler.observe.queries import Queries
+
+
+class LoadPrometheus:
+    def __init__(
+        self,
+        fake: FakeKube,
+        capacity: Mapping[str, Mapping[str, float]],
+        load: Callable[[float], Mapping[str, float]],
+        *,
+        window_s: float = 1.0,
+        compute_ms: float = 10.0,
+    ) -> None:
+        self.fake = fake
+        self.capacity = capacity
+        self.load = load
+        self.compute_ms = compute_ms
+        q = Queries(replica_label="pod")
+        self.names = {q.render(n, window_s): n for n in Queries.MODEL_SIGNALS + Queries.REPLICA_SIGNALS}
+        self.start = time.time()
+        self.queries = 0
+        self.unknown: list[str] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                url = urllib.parse.urlparse(self.path)
+                query = urllib.parse.parse_qs(url.query).get("query", [""])[0]
+                body = json.dumps({"status": "success", "data": {"resultType": "vector",
+                                                                  "result": owner.answer(query)}}).encode()
+                self.send_response(200 if url.path == "/api/v1/query" else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_POST = do_GET
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.srv.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        threading.Thread(target=self.srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def ready_pods(self) -> dict[str, list[tuple[str, str]]]:
+        out: dict[str, list[tuple[str, str]]] = {}
+        for p in self.fake.view("Pod"):
+            lbls = p["metadata"].get("labels") or {}
+            model = lbls.get("migscale.io/model")
+            ok = any(c.get("type") == "Ready" and c.get("status") == "True"
+                     for c in (p.get("status") or {}).get("conditions") or [])
+            if model and ok and not p["metadata"].get("deletionTimestamp"):
+                out.setdefault(model, []).append((p["metadata"]["name"], lbls.get("migscale.io/profile", "").replace("_", "+")))
+        return out
+
+    def state(self) -> dict[str, dict[str, float]]:
+        """Per model: offered, capacity (Ready pods), utilisation."""
+        offered = self.load(time.time() - self.start)
+        ready = self.ready_pods()
+        out = {}
+        for model, lam in offered.items():
+            cap = sum(self.capacity.get(model, {}).get(prof, 0.0) for _, prof in ready.get(model, []))
+            out[model] = {"offered": lam, "capacity": cap, "rho": lam / cap if cap else float("inf")}
+        return out
+
+    def answer(self, query: str) -> list[dict[str, Any]]:
+        self.queries += 1
+        name = self.names.get(query)
+        if name is None:
+            self.unknown.append(query)
+            return []
+        now = time.time()
+        ready = self.ready_pods()
+        rows = []
+        for model, st in self.state().items():
+            lam, cap, rho = st["offered"], st["capacity"], st["rho"]
+            served = min(lam, cap)
+            ratio = min(20.0, rho * rho / (1 - rho)) if rho < 1 else 20.0
+            vals = {
+                "request_rate": lam, "success_rate": served, "failure_rate": lam - served,
+                # no Triton at all: requests fail at the door, nothing queues
+                "pending": max(0.0, lam - cap) * 5 if cap else 0.0, "sample_time": now,
+                "ready_replicas": len(ready.get(model, [])),
+            }
+            if cap > 0 and served > 0:
+                vals.update({"avg_compute_ms": self.compute_ms, "avg_queue_ms": ratio * self.compute_ms,
+                             "queue_compute_ratio": ratio, "avg_batch": 1.0,
+                             "p50_ms": (1 + ratio) * self.compute_ms, "p95_ms": 2 * (1 + ratio) * self.compute_ms,
+                             "p99_ms": 3 * (1 + ratio) * self.compute_ms,
+                             "avg_request_ms": (1 + ratio) * self.compute_ms})
+            if name in vals:
+                rows.append({"metric": {"model": model}, "value": [now, str(vals[name])]})
+            elif name in ("busy_fraction", "replica_sample_time"):
+                for pod, _prof in ready.get(model, []):
+                    v = now if name == "replica_sample_time" else min(1.0, rho)
+                    rows.append({"metric": {"model": model, "pod": pod}, "value": [now, str(v)]})
+        return rows
+
+    def close(self) -> None:
+        self.srv.shutdown()
+        self.srv.server_close()

@@ -1,0 +1,142 @@
+"""Make-before-break on Kubernetes: WAIT_READY is state across ticks, the old goes only after the new is Ready."""
+
+from __future__ import annotations
+
+from gpu_operator import gpu_node
+from k8s_helpers import act, caught_up, wait_until
+
+from autoscaler.clock import VirtualClock
+from autoscaler.mig.layout import Placement
+from autoscaler.policy.types import ModelSpec, Reason, ReplicaState
+
+MODEL = ModelSpec("resnet", {"1g.10gb": 58, "2g.20gb": 113}, ("1g.10gb", "2g.20gb"), min_replicas=1, max_replicas=8)
+OTHER = ModelSpec("bert", {"2g.20gb": 98}, ("2g.20gb",), min_replicas=1, max_replicas=4)
+SWAP = Reason.PROFILE_EFFICIENCY
+
+
+def capacity(be, model: str = "resnet", spec: ModelSpec = MODEL) -> float:
+    return sum(spec.capacity[r.profile] for r in be.snapshot().replicas if r.model == model and r.state is ReplicaState.READY)
+
+
+def running_2g(cluster, backends, **kw):
+    fake = cluster.fake
+    cluster.add_nodes(2, {"1g.10gb": 4, "2g.20gb": 1})
+    be = backends([MODEL, OTHER], **kw)
+    caught_up(be, fake)
+    be.apply([act("create", "resnet", "2g.20gb")] * 2)
+    wait_until(lambda: capacity(be) == 226, what="two 2g replicas Ready")
+    return fake, be
+
+
+def swap_actions(be) -> list:
+    old = sorted(r.id for r in be.snapshot().replicas if r.profile == "2g.20gb")
+    return ([act("create", "resnet", reason=SWAP)] * 2 + [act("wait_ready", "resnet", reason=SWAP)] * 2
+            + [act("drain", "resnet", "2g.20gb", replica=r, reason=SWAP) for r in old]
+            + [act("delete", "resnet", "2g.20gb", replica=r, reason=SWAP) for r in old])
+
+
+def test_a_profile_swap_scales_the_old_down_only_after_the_new_is_ready(cluster, backends):
+    fake, be = running_2g(cluster, backends)
+    assert be.apply(swap_actions(be)) == []
+    assert fake.get("Deployment", "resnet-1g-10gb")["spec"]["replicas"] == 2
+    assert fake.get("Deployment", "resnet-2g-20gb")["spec"]["replicas"] == 2  # nothing broken before the make
+    assert "resnet" in be.in_flight()[1]  # the queued scale-down keeps the model busy
+    assert be.conditions(None)["resnet"]["status"] == "Unknown"
+    samples = []
+
+    def tick() -> bool:
+        reps = be.snapshot().replicas
+        samples.append(tuple(sum(r.profile == p and r.state is ReplicaState.READY for r in reps)
+                             for p in ("1g.10gb", "2g.20gb")))
+        assert be.advance() == []
+        return fake.get("Deployment", "resnet-2g-20gb") is None and not be.rollout.chains
+
+    wait_until(tick, 15, "the swap to finish and the old workload to retire")
+    # the old replicas went only once both new ones were Ready: never below min(before, after) = 2 x 1g
+    assert all(new == 2 for new, old in samples if old < 2), samples
+    assert (0, 2) in samples and (2, 2) in samples
+    assert capacity(be) == 116 and all(r.profile == "1g.10gb" for r in be.snapshot().replicas)
+    notes = {(e["regarding"]["name"], e["note"]) for e in fake.list("Event") if e["reason"] == "SuccessfulRescale"}
+    assert ("resnet-1g-10gb", "New size: 2; reason: profile_efficiency") in notes
+    assert ("resnet-2g-20gb", "New size: 0; reason: profile_efficiency") in notes  # the budget paced it: 2 -> 1 -> 0
+    assert ("resnet-2g-20gb", "New size: 1; reason: profile_efficiency") in notes
+
+
+def test_new_pods_that_can_never_start_abort_the_swap_and_keep_the_old(cluster, backends):
+    fake, be = running_2g(cluster, backends)
+    swap = swap_actions(be)  # planned while both nodes still have their 1g instances
+    for name in ("node-0", "node-1"):  # then someone re-cuts both nodes: no 1g instance left anywhere
+        fake.put_object(gpu_node(name, {"2g.20gb": 1}, config="other"))
+    caught_up(be, fake)
+    be.apply(swap)
+    errors = wait_until(lambda: (be.snapshot() and be.advance()) or None, 10, "the abort")
+    assert "cannot start" in errors[0] and "the old replicas stay" in errors[0]
+    skipped = [e for e in errors[1:] if "skipped" in e]  # the DRAINs and DELETEs of the old replicas, each
+    assert len(skipped) == 4 and all("resnet-2g-20gb" in e for e in skipped)
+    assert fake.get("Deployment", "resnet-2g-20gb")["spec"]["replicas"] == 2 and capacity(be) >= 226
+    assert not be.rollout.chains
+
+
+def test_waiting_is_bounded_by_the_ready_timeout(cluster, backends):
+    clock = VirtualClock(1_800_000_000.0)
+    cluster.kubelet.ready_delay_s = 1e9  # the new pods run but never turn Ready
+    cluster.add_nodes(2, {"1g.10gb": 4, "2g.20gb": 1})
+    be = backends([MODEL], clock=clock, ready_timeout_s=600)
+    fake = cluster.fake
+    caught_up(be, fake)
+    be.apply([act("create", "resnet", reason=SWAP), act("wait_ready", "resnet", reason=SWAP),
+              act("delete", "resnet", "2g.20gb", replica="x", reason=SWAP)])
+    wait_until(lambda: any(p.get("status", {}).get("phase") == "Running" for p in fake.list("Pod")), 5)
+    be.snapshot()
+    assert be.advance() == [] and "waiting for 1 more Ready pod" in be.rollout.waiting()["resnet"]
+    clock.advance(601)
+    errors = be.advance()
+    assert "0/1 ready after 600s" in errors[0]
+    assert errors[1:] == [f"delete resnet-2g-20gb: skipped, an earlier action of its change failed ({errors[0]})"]
+
+
+def test_one_model_waiting_does_not_hold_up_another(cluster, backends):
+    fake, be = running_2g(cluster, backends)
+    cluster.kubelet.ready_delay_s = 1e9
+    be.apply(swap_actions(be) + [act("create", "bert", "2g.20gb", gpu="node-1/0")])
+    assert fake.get("Deployment", "bert-2g-20gb")["spec"]["replicas"] == 1  # written in the same tick
+    _busy_gpus, busy_models = be.in_flight()
+    assert busy_models == {"resnet"}
+
+
+def test_creates_behind_a_repartition_wait_for_it(cluster, backends):
+    fake = cluster.fake
+    fake.put_object(gpu_node("node-0", {"7g.80gb": 1}, config="whole"))
+    be = backends([MODEL])
+    caught_up(be, fake)
+    layout = tuple(Placement(i, "1g.10gb") for i in range(7))
+    assert be.apply([act("repartition", gpu="node-0/0", profile=None, layout=layout, reason=Reason.REPARTITION),
+                     act("create", "resnet"), act("wait_ready", "resnet")]) == []
+    assert fake.get("Deployment", "resnet-1g-10gb") is None  # not before the node is cut
+    assert "node-0/0" in be.in_flight()[0]
+    wait_until(lambda: (be.snapshot() and not be.advance()) and fake.get("Deployment", "resnet-1g-10gb"), 10)
+    wait_until(lambda: capacity(be) == 58, 10, "the new replica Ready on the new slice")
+    node = fake.get("Node", "node-0", None)
+    assert node["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] == "7"
+
+
+def test_new_pods_land_on_the_nodes_the_planner_chose(cluster, backends):
+    fake = cluster.fake
+    cluster.add_nodes(3, {"1g.10gb": 7})  # equal nodes: left alone, the scheduler would pick node-2
+    be = backends([MODEL])
+    caught_up(be, fake)
+    be.apply([act("create", "resnet", gpu="node-0/0"), act("create", "resnet", gpu="node-0/0"),
+              act("create", "resnet", gpu="node-1/0")])
+    wait_until(lambda: capacity(be) == 3 * 58, 10, "three Ready pods")
+    pods = fake.list("Pod")
+    assert sorted(p["spec"]["nodeName"] for p in pods) == ["node-0", "node-0", "node-1"]
+    terms = pods[0]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    keys = [e["key"] for e in terms[0]["matchExpressions"]]
+    assert keys == ["nvidia.com/gpu.product", "kubernetes.io/hostname"]  # the product rule kept, the node added
+    assert all("schedulingGates" not in p["spec"] for p in pods)
+    # a pod nobody placed (the ReplicaSet replacing a deleted one) is let go as it is
+    fake.remove_now(fake.key_of(pods[0]))
+    wait_until(lambda: capacity(be) == 3 * 58 and len(fake.list("Pod")) == 3, 10, "the replacement")
+    new = next(p for p in fake.list("Pod") if p["metadata"]["name"] not in {q["metadata"]["name"] for q in pods})
+    exprs = new["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"]
+    assert [e["key"] for e in exprs] == ["nvidia.com/gpu.product"]
