@@ -6,7 +6,8 @@ nginx front door and Prometheus (or the direct-scrape fallback). The loop
 reads ``snapshot()`` and hands ``apply(actions)`` the plan's actions, which
 ``apply.py`` carries out under the actuator contract of ``protocols.py``
 without ever blocking; the supervisor thread (``supervisor.py``) marks
-replicas READY or FAILED every 0.2 s and moves queued action chains on.
+replicas READY, FAILED or CRASHLOOP every 0.2 s and moves queued action
+chains on.
 
 A replica whose process dies is restarted on the same instance (same id, new
 ports) under kubelet's back-off, CRASHLOOP while it waits (act/local/supervisor.py).
