@@ -206,3 +206,12 @@ def window(counts: dict[str, list[tuple[float, int, int]]], t0: float, t1: float
         b = upto[-1]
         out[model] = {"sent": b[1] - a[1], "failed": b[2] - a[2]}
     return out
+
+
+def emit(doc: dict, out: Path | None) -> None:
+    """Print ``doc`` as JSON and, given ``out``, write it there too."""
+    text = json.dumps(doc, indent=1)
+    print(text)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")

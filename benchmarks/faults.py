@@ -46,9 +46,9 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _stack import ROOT, Locust, Stack, left_behind, window, write_configs
+from _stack import ROOT, Locust, Stack, emit, left_behind, window, write_configs
 
-from autoscaler.act.local.pids import started_from
+from autoscaler.act.local.pids import proc_alive, proc_command, started_from
 
 FAULTS = ("replica", "group", "prometheus", "nginx", "controller", "sigterm", "disk_full")
 # Offered req/s per model: above the starting replicas of resnet (so the loop has scaled up and
@@ -65,21 +65,6 @@ def _kill(pid: int | None, sig: int = signal.SIGKILL) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _cmd(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _door_ready(url: str) -> bool:
@@ -143,7 +128,7 @@ def inject(name: str, st: Stack, base: dict) -> dict:
         kills = 0
         while time.time() - t < PROM_OUTAGE_S:
             for pid in st.recorded("prometheus"):
-                if _alive(pid) and "prometheus" in _cmd(pid):
+                if proc_alive(pid) and "prometheus" in proc_command(pid):
                     _kill(pid)
                     kills += 1
             time.sleep(0.2)
@@ -153,13 +138,13 @@ def inject(name: str, st: Stack, base: dict) -> dict:
         out["restarts"] = (st.status() or {}).get("infrastructure", {}).get("prometheus", {}).get("restarts")
     elif name == "nginx":
         master = st.recorded("nginx")[0]
-        workers = [p for p in started_from(st.run_dir, []) if "nginx: worker" in _cmd(p)]
+        workers = [p for p in started_from(st.run_dir, []) if "nginx: worker" in proc_command(p)]
         t = time.time()
         _kill(master)
         door = _until(lambda: _door_ready(st.frontdoor) and st.recorded("nginx") and st.recorded("nginx")[0] != master,
                       60, 0.05)
         out["frontdoor_back_s"] = round(time.time() - t, 2) if door else None
-        out["old_workers_alive"] = sum(_alive(w) for w in workers)
+        out["old_workers_alive"] = sum(proc_alive(w) for w in workers)
         done = _until(lambda: st.all_ready(n0), 60, 0.1)
     elif name == "controller":
         old = st.controller_pid()
@@ -171,7 +156,7 @@ def inject(name: str, st: Stack, base: dict) -> dict:
         new = _until(lambda: (p := st.controller_pid()) and p != old and p, 60, 0.1)
         done = _until(lambda: st.all_ready(n0, controller=new), 240, 0.25)
         now = started_from(st.run_dir, [])
-        tritons = [p for p in now if _cmd(p).split(" ")[0].endswith("tritonserver")]
+        tritons = [p for p in now if proc_command(p).split(" ")[0].endswith("tritonserver")]
         s = st.status() or {}
         out.update(replicas_before=n0, replicas_after=len(s.get("replicas", [])),
                    tritonservers=len(tritons), old_processes_alive=len(before & set(now)))
@@ -289,11 +274,7 @@ def main() -> int:
         else:
             print(f"work directory: {workdir}", file=sys.stderr)
     doc = {"offered_rps": {m: w * args.rate for m, w in WEIGHTS.items()}, "faults": results}
-    text = json.dumps(doc, indent=1)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(doc, args.out)
     return 0
 
 

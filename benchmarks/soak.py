@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _stack import ROOT, Locust, Stack, left_behind, write_configs
+from _stack import ROOT, Locust, Stack, emit, left_behind, write_configs
 
 from autoscaler.config import load_models
 from autoscaler.runtime.demo import default_script
@@ -148,11 +148,7 @@ def main() -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     else:
         print(f"work directory: {workdir}", file=sys.stderr)
-    text = json.dumps(res, indent=1)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(res, args.out)
     return 0
 
 

@@ -27,7 +27,7 @@ from _support import wait_until
 from autoscaler.act.local.backoff import BackoffPolicy
 from autoscaler.act.local.cluster import LocalCluster
 from autoscaler.act.local.nginx import NginxFrontDoor
-from autoscaler.act.local.pids import started_from
+from autoscaler.act.local.pids import proc_alive, proc_command, started_from
 from autoscaler.act.local.ports import PortInUse
 from autoscaler.act.local.replicas import LocalReplica, ModelRuntime
 from autoscaler.policy.types import Action, ActionKind, GpuState, Reason, ReplicaState
@@ -40,23 +40,8 @@ GPU = "node-a/0"
 R = Reason.MIN_REPLICAS
 
 
-def _cmd(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _stubs(run_dir: Path) -> list[int]:
-    return [p for p in started_from(run_dir, []) if "triton_python_backend_stub" in _cmd(p)]
+    return [p for p in started_from(run_dir, []) if "triton_python_backend_stub" in proc_command(p)]
 
 
 def _pgid(pid: int) -> int | None:
@@ -87,7 +72,7 @@ def faulty(tmp_path):
     finally:
         c.stop()
         left = started_from(c.run_dir, [])
-        assert left == {}, f"left behind: {[_cmd(p) for p in left]}"
+        assert left == {}, f"left behind: {[proc_command(p) for p in left]}"
 
 
 def test_crash_loop_backs_off_reports_the_error_and_holds_the_model(faulty):
@@ -124,7 +109,7 @@ def test_crash_loop_backs_off_reports_the_error_and_holds_the_model(faulty):
         for p in _stubs(c.run_dir):
             if _pgid(p) not in servers:
                 orphaned_since.setdefault(p, now)
-        late = {p: now - t for p, t in orphaned_since.items() if _alive(p) and now - t > 2.0}
+        late = {p: now - t for p, t in orphaned_since.items() if proc_alive(p) and now - t > 2.0}
         assert not late, f"stubs outlived their server: {late}"
         time.sleep(0.05)
     gaps = [b - a for a, b in itertools.pairwise(restarts_at)]
@@ -209,7 +194,7 @@ def test_killed_group_leaves_no_process_and_prunes_its_generations(tmp_path):
                               f"the leader's Python stub (kill {kill})")
             gone = [*stub, g.process.pids()[1]]
             os.kill(leader, signal.SIGKILL)
-            wait_until(lambda gone=gone: not any(_alive(p) for p in gone), 5,
+            wait_until(lambda gone=gone: not any(proc_alive(p) for p in gone), 5,
                        "the stub and the other rank to follow their leader")
             wait_until(lambda gen=gen: g.process.generation > gen, 10, "the group to be recreated")
         assert g.restarts >= 3
@@ -228,7 +213,7 @@ def test_nginx_and_prometheus_come_back_and_orphaned_workers_die(faulty):
     master, workers = c.door.pid, c.door.workers()
     assert master and workers
     os.kill(master, signal.SIGKILL)
-    wait_until(lambda: not any(_alive(w) for w in workers), 5, "the old master's workers to die with it")
+    wait_until(lambda: not any(proc_alive(w) for w in workers), 5, "the old master's workers to die with it")
     wait_until(lambda: c.door.alive() and c.door.pid != master, 10, "nginx to be restarted")
 
     def routed() -> bool:

@@ -15,7 +15,13 @@ from autoscaler.api.app import create_app
 from autoscaler.api.state import ApiState
 from autoscaler.clock import VirtualClock
 from autoscaler.driver import Driver
-from autoscaler.fakes import FakeInventory, FakeMetricsSource, RecordingActuator, single_gpu_cluster, stub_planner
+from autoscaler.fakes import (
+    FakeInventory,
+    FakeMetricsSource,
+    RecordingActuator,
+    single_gpu_cluster,
+    stub_planner,
+)
 from autoscaler.loop import ControlLoop
 from autoscaler.policy.decide import PolicyConfig
 from autoscaler.policy.types import ModelSpec

@@ -18,6 +18,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Self
@@ -41,6 +42,11 @@ def proc_cmdline(pid: int) -> list[str] | None:
     except OSError:
         return None
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a] or None
+
+
+def proc_command(pid: int) -> str:
+    """``pid``'s command line as one string ("" once it is gone)."""
+    return " ".join(proc_cmdline(pid) or [])
 
 
 def proc_is_zombie(pid: int) -> bool:
@@ -188,34 +194,19 @@ def sweep(run_dir: str | os.PathLike, records: list[ProcRecord] | None = None,
     """Stop every process started from ``run_dir`` (``started_from``): SIGTERM, then SIGKILL
     after ``term_timeout_s``. Returns the PIDs found. Safe with nothing to do."""
     recs = load_records(run_dir) if records is None else records
-    found = started_from(run_dir, recs)
+    found = list(started_from(run_dir, recs))
     if not found:
         return []
-    for pid in found:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
-    deadline = time.monotonic() + term_timeout_s
-    while time.monotonic() < deadline and any(_still(pid) for pid in found):
-        time.sleep(0.1)
-    for pid in found:
-        if _still(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    _term_then_kill(found, os.kill, proc_alive, term_timeout_s)
     # A member forked while we were signalling (a stub mid-start) is caught by a second look.
-    late = started_from(run_dir, recs)
+    late = list(started_from(run_dir, recs))
     for pid in late:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _signal(os.kill, pid, signal.SIGKILL)
     return sorted(set(found) | set(late))
 
 
-def _still(pid: int) -> bool:
+def proc_alive(pid: int) -> bool:
+    """``pid`` exists and is not a zombie."""
     return proc_start_ticks(pid) is not None and not proc_is_zombie(pid)
 
 
@@ -225,22 +216,30 @@ def stop_recorded(records: list[ProcRecord], term_timeout_s: float = 10.0,
     ``run_dir``, every process marked with it); returns the PIDs signalled."""
     if run_dir is not None:
         return sweep(run_dir, records, term_timeout_s)
-    live = [r for r in records if r.matches() or _group_has_members(r)]
-    for r in live:
-        try:
-            os.killpg(r.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
+    live = {r.pid: r for r in records if r.matches() or _group_has_members(r)}
+    _term_then_kill(list(live), os.killpg, lambda pgid: _group_has_members(live[pgid]), term_timeout_s)
+    return list(live)
+
+
+def _signal(send: Callable[[int, int], None], target: int, sig: int) -> None:
+    try:
+        send(target, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _term_then_kill(targets: list[int], send: Callable[[int, int], None], alive: Callable[[int], bool],
+                    term_timeout_s: float) -> None:
+    """SIGTERM every target (a PID or, with ``os.killpg``, a group), SIGKILL those still
+    ``alive`` after ``term_timeout_s``."""
+    for t in targets:
+        _signal(send, t, signal.SIGTERM)
     deadline = time.monotonic() + term_timeout_s
-    while time.monotonic() < deadline and any(_group_has_members(r) for r in live):
+    while time.monotonic() < deadline and any(alive(t) for t in targets):
         time.sleep(0.1)
-    for r in live:
-        if _group_has_members(r):
-            try:
-                os.killpg(r.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-    return [r.pid for r in live]
+    for t in targets:
+        if alive(t):
+            _signal(send, t, signal.SIGKILL)
 
 
 def _group_has_members(r: ProcRecord) -> bool:
