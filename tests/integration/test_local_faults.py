@@ -30,6 +30,7 @@ from autoscaler.act.local.nginx import NginxFrontDoor
 from autoscaler.act.local.pids import proc_alive, proc_command, started_from
 from autoscaler.act.local.ports import PortInUse
 from autoscaler.act.local.replicas import LocalReplica, ModelRuntime
+from autoscaler.mig.layout import Placement
 from autoscaler.policy.types import Action, ActionKind, GpuState, Reason, ReplicaState
 
 pytestmark = pytest.mark.integration
@@ -61,7 +62,8 @@ def faulty(tmp_path):
     c = LocalCluster(
         tmp_path / "run",
         {m: ModelRuntime(m, FAULTS, m) for m in ("tiny", "broken")},
-        [GpuState(GPU, "node-a", "A100-SXM4-80GB", layout=())],
+        # the instances the tests use, carved (a CREATE needs one)
+        [GpuState(GPU, "node-a", "A100-SXM4-80GB", layout=tuple(Placement(s, "1g.10gb") for s in (0, 1, 6)))],
         restart_backoff=BackoffPolicy(initial_s=1.0, max_s=4.0, reset_after_s=60.0),
         emulate=False,
         wait_ready_timeout_s=60,
@@ -125,8 +127,8 @@ def test_crash_loop_backs_off_reports_the_error_and_holds_the_model(faulty):
     assert tiny.state is ReplicaState.READY and tiny.restarts == 0
 
     # Deleting them ends the crash loop and the hold.
-    assert c.apply([Action(ActionKind.DELETE, Reason.REPLACE_FAILED, replica=broken.id),
-                    Action(ActionKind.DELETE, Reason.REPLACE_FAILED, replica=second.id)]) == []
+    assert c.apply_and_wait([Action(ActionKind.DELETE, Reason.REPLACE_FAILED, replica=broken.id),
+                             Action(ActionKind.DELETE, Reason.REPLACE_FAILED, replica=second.id)], 60) == []
     assert [r.model for r in c.replicas()] == ["tiny"]
     assert "broken" not in c.in_flight()[1]
 
@@ -155,8 +157,8 @@ class _DrainedWhileLooked:
 
 def test_supervisor_never_overwrites_a_drain(faulty):
     c = faulty
-    assert c.apply([Action(ActionKind.CREATE, R, gpu=GPU, model="tiny", profile="1g.10gb", start=6),
-                    Action(ActionKind.WAIT_READY, R)]) == []
+    assert c.apply_and_wait([Action(ActionKind.CREATE, R, gpu=GPU, model="tiny", profile="1g.10gb", start=6),
+                             Action(ActionKind.WAIT_READY, R)], 60) == []
     c.supervisor.stop()  # drive the passes by hand
     r = c.replicas()[0]
     real = r.process
@@ -208,8 +210,8 @@ def test_killed_group_leaves_no_process_and_prunes_its_generations(tmp_path):
 
 def test_nginx_and_prometheus_come_back_and_orphaned_workers_die(faulty):
     c = faulty
-    assert c.apply([Action(ActionKind.CREATE, R, gpu=GPU, model="tiny", profile="1g.10gb", start=6),
-                    Action(ActionKind.WAIT_READY, R)]) == []
+    assert c.apply_and_wait([Action(ActionKind.CREATE, R, gpu=GPU, model="tiny", profile="1g.10gb", start=6),
+                             Action(ActionKind.WAIT_READY, R)], 60) == []
     master, workers = c.door.pid, c.door.workers()
     assert master and workers
     os.kill(master, signal.SIGKILL)
