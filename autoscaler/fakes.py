@@ -110,15 +110,13 @@ class RecordingActuator:
       FAILED instead of READY, as a crash-looping pod does.
     - ``next_error``: an Exception is raised by the next ``apply``; a string is
       returned as that apply's only error line and nothing is applied.
-    - ``converge_calls``: emulate an actuator that can only say ``converging()``:
-      ``in_flight()`` answers None and, after each apply, ``converging()``
-      answers True this many times.
+    - ``converging()`` (not part of the contract): anything queued, starting
+      or draining -- what a harness waits on before it asserts.
     """
 
     def __init__(
         self,
         inventory: FakeInventory | None = None,
-        converge_calls: int = 0,
         *,
         geometry: bool = True,
         instant: bool = True,
@@ -127,12 +125,10 @@ class RecordingActuator:
         self.inventory = inventory or FakeInventory()
         self.apply_calls: list[tuple[Action, ...]] = []
         self.next_error: Exception | str | None = None
-        self.converge_calls = converge_calls
         self.geometry = geometry
         self.instant = instant
         self.fail_starts = set(fail_starts)
         self.queue = ActionQueue()
-        self._converging_left = 0
         self._deleting: set[str] = set()  # replicas whose DELETE waits for settle() (instant=False)
         self._seq = 0
         self.now_s = 0.0  # stamped on created replicas (``since_s``) by the planner's helper
@@ -148,12 +144,9 @@ class RecordingActuator:
         self.queue.run(self._step, self.now_s)
         fresh = self.queue.submit(actions, self._owner)
         errors = self.queue.run(self._step, self.now_s, fresh)
-        self._converging_left = self.converge_calls
         return errors
 
-    def in_flight(self) -> InFlight | None:
-        if self.converge_calls:
-            return None
+    def in_flight(self) -> InFlight:
         self.queue.run(self._step, self.now_s)  # chains a DELETE unblocked move on first
         gpus, models = self.queue.busy(self._owner)
         for r in self.inventory.cluster.replicas:
@@ -165,9 +158,6 @@ class RecordingActuator:
         return self.queue.take_errors()
 
     def converging(self) -> bool:
-        if self._converging_left > 0:
-            self._converging_left -= 1
-            return True
         return bool(self.queue) or any(
             r.state in (ReplicaState.STARTING, ReplicaState.DRAINING) for r in self.inventory.cluster.replicas
         )

@@ -12,10 +12,8 @@ ticks; this module is one tick. Three rules keep it safe:
   to them through a shared GPU or model (``hold_in_flight``); those models
   report ``HOLD_CONVERGING``, and the planner leaves busy GPUs alone. Worked
   number: a 180 s repartition of one GPU holds only the models on that GPU for
-  its 12 ticks of 15 s; the other models keep scaling. An actuator whose
-  ``in_flight()`` answers None gets the global gate instead: while it is
-  ``converging()`` the tick only observes (windows stay current, nothing is
-  issued);
+  its 12 ticks of 15 s; the other models keep scaling. Every actuator answers
+  ``in_flight()``; there is no global "wait while anything converges";
 - a metrics outage is not an error: the observation is marked
   ``source_ok=False`` and ``decide`` holds every model (no scale-downs);
 - any exception inside a tick is caught and reported in the ``TickResult``;
@@ -44,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from autoscaler.clock import Clock
-from autoscaler.policy.decide import PolicyConfig, PolicyState, decide, observe_only
+from autoscaler.policy.decide import PolicyConfig, PolicyState, decide
 from autoscaler.policy.types import Action, ClusterState, Observation, Plan, Reason
 from autoscaler.protocols import Actuator, Inventory, MetricsSource, action_groups, action_keys
 
@@ -57,7 +55,6 @@ log = logging.getLogger("migscale.loop")
 class TickResult:
     t_s: float
     ok: bool  # no exception and no actuator error
-    gated: bool = False  # actuator converging: observed only (global gate)
     held: tuple[str, ...] = ()  # models held by the per-GPU/per-model gate this tick
     source_ok: bool = True
     plan: Plan | None = None
@@ -142,7 +139,7 @@ class ControlLoop:
     def _tick(self, now: float) -> TickResult:
         cluster: ClusterState = self.inventory.snapshot()
         busy = self._in_flight()
-        if busy is not None and busy[0]:
+        if busy[0]:
             # the planner leaves busy GPUs as they are and places elsewhere
             cluster = replace(
                 cluster, gpus=tuple(replace(g, busy=True) if g.id in busy[0] else g for g in cluster.gpus)
@@ -170,37 +167,25 @@ class ControlLoop:
             notes=tuple(notes),
         )
         self.last_observation = obs
-        if busy is None and self.actuator.converging():
-            self.state = observe_only(obs, self.state, self.config, now)
-            return TickResult(
-                t_s=now,
-                ok=True,
-                gated=True,
-                source_ok=source_ok,
-                notes=tuple(notes),
-                reasons={n: (Reason.HOLD_CONVERGING,) for n in names},
-            )
         prev = self.state
         t0 = time.perf_counter()  # duration only (for /metrics), never a decision input
         plan, new_state = decide(obs, prev, self.config, now, planner=self.planner)
         self.last_decide_s = time.perf_counter() - t0
-        actions, held = plan.actions, frozenset()
         reasons = dict(plan.reasons)
-        if busy is not None:
-            actions, held = hold_in_flight(plan.actions, cluster, busy[0], busy[1])
+        actions, held = hold_in_flight(plan.actions, cluster, busy[0], busy[1])
+        for m in held:
+            rs = tuple(r for r in reasons.get(m, ()) if r is not Reason.KEEP)
+            reasons[m] = (Reason.HOLD_CONVERGING, *rs)
+        if held:
+            # A held model did not scale: its scale event must not eat the
+            # behavior budget (the recommendation stands, as in HPA).
+            events = dict(new_state.scale_events)
             for m in held:
-                rs = tuple(r for r in reasons.get(m, ()) if r is not Reason.KEEP)
-                reasons[m] = (Reason.HOLD_CONVERGING, *rs)
-            if held:
-                # A held model did not scale: its scale event must not eat the
-                # behavior budget (the recommendation stands, as in HPA).
-                events = dict(new_state.scale_events)
-                for m in held:
-                    if m in prev.scale_events:
-                        events[m] = prev.scale_events[m]
-                    else:
-                        events.pop(m, None)
-                new_state = replace(new_state, scale_events=events)
+                if m in prev.scale_events:
+                    events[m] = prev.scale_events[m]
+                else:
+                    events.pop(m, None)
+            new_state = replace(new_state, scale_events=events)
         # The recommendation stands even if acting fails (HPA records it too), but
         # a scale event that did not happen must not eat the behavior budget.
         self.state = replace(new_state, scale_events=prev.scale_events)
@@ -221,12 +206,9 @@ class ControlLoop:
             reasons=reasons,
         )
 
-    def _in_flight(self) -> tuple[frozenset[str], frozenset[str]] | None:
-        """(busy GPUs, busy models); None: the actuator cannot tell (global gate)."""
-        got = self.actuator.in_flight()
-        if got is None:
-            return None
-        gpus, models = got
+    def _in_flight(self) -> tuple[frozenset[str], frozenset[str]]:
+        """(busy GPUs, busy models), as the actuator reports them."""
+        gpus, models = self.actuator.in_flight()
         return frozenset(gpus), frozenset(models)
 
     def _late_errors(self) -> tuple[str, ...]:
@@ -297,14 +279,13 @@ def decision_record(result: TickResult, state: PolicyState) -> dict[str, Any]:
     return {
         "t_s": result.t_s,
         "ok": result.ok,
-        "gated": result.gated,
         "held": list(result.held),
         "source_ok": result.source_ok,
         "errors": list(result.errors),
         "late_errors": list(result.late_errors),
         "notes": [n for n in result.notes if "Traceback" not in n],
         "reasons": {m: [r.value for r in rs] for m, rs in result.reasons.items()},
-        "models": {} if result.gated else {m: d.to_json() for m, d in state.diagnostics.items()},
+        "models": {m: d.to_json() for m, d in state.diagnostics.items()},
         "target_rps": dict(plan.target_rps) if plan else {},
         "capacity_rps": dict(plan.capacity_rps) if plan else {},
         "shortfall": dict(plan.shortfall) if plan else {},

@@ -101,6 +101,38 @@ tick re-plans from what then exists. ``apply`` returns one line per action of
 action that fails later (a WAIT_READY timing out, a CREATE finding its
 instance taken) is reported once by ``take_errors()``.
 
+Backends whose scheduler places replicas
+----------------------------------------
+On Kubernetes the ReplicaSet names the pods, the scheduler and the device
+plugin pick node and instance, and GPU feature discovery reports instances
+per node as counts, not positions (``docs/kubernetes.md``). Such a backend
+follows every rule above with these differences, and no others; the suite
+checks them on it (``tests/contract/``, ``scheduler_places``):
+
+- identity: a replica is known by the name its controller gave it (the pod),
+  and the snapshot reports it under that name once the controller has made
+  it (its pod appears in the watch, milliseconds after the scale write) --
+  not under the CREATE's id. A CREATE is "one more replica of this model and
+  profile on this GPU's node"; one whose id names a live replica of that
+  workload is done (the re-applied CREATE). A DRAIN/DELETE names a replica by
+  the snapshot's name and removes one replica of its workload, that one
+  first (``controller.kubernetes.io/pod-deletion-cost``);
+- instances: a CREATE's ``start`` is a hint. The CREATE is an error at once
+  only when the node has no instance of the profile at all; when every such
+  instance serves, the new replica cannot start and its WAIT_READY fails
+  (reported by ``take_errors``), never taking the serving one's instance. A
+  layout is reported with the right instances per profile at positions of
+  the backend's own (``spread``), so layouts compare by profile counts;
+- chains: actions are linked through a GPU only when the batch repartitions
+  its node (elsewhere the scheduler, not the GPU, decides what a pod shares);
+  actions of one model are linked as above;
+- repartition: the backend drains the node itself (cordon, evict within the
+  disruption budget, a surge replica elsewhere first for a model with no
+  other Ready replica). A REPARTITION that would remove an instance still
+  serving is not refused at once: it fails -- rolled back, reported by
+  ``take_errors``, layout and serving replica unchanged -- when the serving
+  replica has nowhere else to go.
+
 ``in_flight()``: per GPU and per model
 --------------------------------------
 ``(gpus, models)`` with work under way that the snapshot cannot fully show,
@@ -115,9 +147,10 @@ which the loop must not act on again yet (``loop.hold_in_flight``):
 A replica that is merely STARTING is not in flight, and neither is a queued
 WAIT_READY on it: it is capacity on its way, which the snapshot shows and the
 policy counts. The actions queued behind a WAIT_READY (the DRAIN and DELETE
-of the replica it replaces) are. ``None`` means "cannot tell right now": the
-loop then falls back to the global ``converging()`` gate (every backend here
-answers; the fallback is for one that cannot).
+of the replica it replaces) are. Every backend answers: there is no global
+"wait while anything converges" -- the loop holds only what is named here.
+A Kubernetes controller that is not the leader answers from the cluster (the
+Node annotations of repartitions, terminating pods) and applies nothing.
 """
 
 from __future__ import annotations
@@ -151,17 +184,12 @@ class Actuator(Protocol):
         that failed or was skipped. Never waits for convergence."""
         ...
 
-    def in_flight(self) -> InFlight | None:
-        """(GPUs, models) with work under way; None: cannot tell (the loop's global-gate fallback)."""
+    def in_flight(self) -> InFlight:
+        """(GPUs, models) with work under way (see the module docstring)."""
         ...
 
     def take_errors(self) -> list[str]:
         """Errors of queued actions that failed or were dropped since the last call; each reported once."""
-        ...
-
-    def converging(self) -> bool:
-        """True while anything is still in flight. Asked only when ``in_flight()`` answers None
-        (the global gate, for an actuator that cannot tell per GPU and model)."""
         ...
 
 

@@ -36,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import psutil
@@ -156,12 +157,14 @@ def main() -> None:
         out = []
         for _ in range(ticks):
             total0, lease0 = be.rest.total_requests(), lease()
+            by0 = Counter(be.rest.by_resource)
             spent.clear()
             start = time.perf_counter()
             r = ctl.tick()
             dt = time.perf_counter() - start
             total, leased = be.rest.total_requests() - total0, lease() - lease0
-            out.append({"tick_s": dt, "requests": total - leased, "lease": leased, "actions": len(r.actions),
+            by = {f"{v} {res}": n for (v, res), n in (Counter(be.rest.by_resource) - by0).items() if res != "leases"}
+            out.append({"tick_s": dt, "requests": total - leased, "lease": leased, "actions": len(r.actions), "by": by,
                         "errors": len(r.errors), "chains": len(be.rollout.chains),
                         "decide_s": ctl.loop.last_decide_s or 0.0, **{f"{k}_s": v for k, v in spent.items()}})
             print(f"tick {len(out)}: {out[-1]}", file=sys.stderr, flush=True)
@@ -211,7 +214,8 @@ def main() -> None:
         "steady_actions": sum(o["actions"] for o in steady),
         "requests_per_tick": {
             "steady": {"mean": round(statistics.mean(steady_req), 2), "max": max(steady_req),
-                       "lease_mean": round(statistics.mean(o["lease"] for o in steady), 2)},
+                       "lease_mean": round(statistics.mean(o["lease"] for o in steady), 2),
+                       "by_resource": dict(sum((Counter(o["by"]) for o in steady), Counter()))},
             "scale_up": {"mean": round(statistics.mean(o["requests"] for o in active), 1) if active else 0,
                          "max": max((o["requests"] for o in active), default=0), "ticks_acting": len(active),
                          "actions": sum(o["actions"] for o in up)},

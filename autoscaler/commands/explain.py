@@ -2,8 +2,7 @@
 
 Reads the decision log the loop appends to (``RUN_DIR/decisions.jsonl``, one
 JSON object per tick, written by ``autoscaler.loop``) and prints the newest
-decision -- the newest tick that decided rather than only observed, unless
-only gated ticks exist -- as rich tables: per model the demand windows,
+decision as rich tables: per model the demand windows,
 panic, correction, replicas now and wanted, the req/s asked of the planner,
 the reasons, and each HPA stage's outcome; then the actions issued. With a
 running controller's ``RUN_DIR/status.json`` it adds what is crash-looping and
@@ -26,9 +25,8 @@ LOG_NAME = "decisions.jsonl"
 
 
 def read_last_decision(path: Path) -> dict[str, Any] | None:
-    """The newest well-formed decision line (decided ticks preferred); None if none."""
-    last_any: dict[str, Any] | None = None
-    last_decided: dict[str, Any] | None = None
+    """The newest well-formed decision line; None if none."""
+    last: dict[str, Any] | None = None
     with path.open(encoding="utf-8", errors="replace") as f:
         for line in f:
             line = line.strip()
@@ -40,10 +38,8 @@ def read_last_decision(path: Path) -> dict[str, Any] | None:
                 continue  # a line cut short by a crash mid-write
             if not isinstance(rec, dict) or "t_s" not in rec:
                 continue
-            last_any = rec
-            if not rec.get("gated"):
-                last_decided = rec
-    return last_decided or last_any
+            last = rec
+    return last
 
 
 def _num(v: Any, fmt: str = "{:.1f}") -> str:
@@ -64,8 +60,6 @@ def render(rec: dict[str, Any]) -> None:
     head = f"decision at t={rec.get('t_s')}"
     if not rec.get("source_ok", True):
         head += "  [metrics source unreachable: every model held]"
-    if rec.get("gated"):
-        head += "  [gated: earlier actions still converging]"
     console.print(head)
     models = rec.get("models") or {}
     reasons = rec.get("reasons") or {}

@@ -116,8 +116,6 @@ class Recorder:
         self.status: dict = {}
 
     def on_result(self, result: TickResult) -> None:
-        if result.gated:
-            return
         self.decisions += 1
         for m, rs in result.reasons.items():
             self.last_reasons[m] = ", ".join(r.value for r in rs)

@@ -89,8 +89,10 @@ class StaticModels:
 class LeaderGate:
     """The actuator the loop sees: the backend while this replica leads, a shadow otherwise.
 
-    ``in_flight()``/``converging()`` always ask the backend (reads), so leader
-    and followers gate their decisions on the same cluster state. A shadow
+    ``in_flight()`` always asks the backend (reads: the repartitions in the
+    Node annotations, terminating pods, and -- while leading -- the queued
+    rollout chains; a follower has none), so leader and followers hold the
+    same GPUs and models, per GPU and per model. A shadow
     ``apply`` writes nothing and reports no error, so the follower's policy
     state records the scale events the leader is making from the same
     observation -- the history it needs if it takes over.
@@ -106,9 +108,6 @@ class LeaderGate:
             return self.backend.apply(actions)
         self.shadow_calls.append(tuple(actions))
         return []
-
-    def converging(self) -> bool:
-        return self.backend.converging()
 
     def in_flight(self) -> tuple[frozenset[str], frozenset[str]]:
         return self.backend.in_flight()
@@ -266,11 +265,10 @@ class KubernetesController:
             else {
                 "t_s": r.t_s,
                 "ok": r.ok,
-                "gated": r.gated,
                 "held": list(r.held),
                 "source_ok": r.source_ok,
                 # a leader's tick with actions wrote them; a follower's never did
-                "acted": self.role.leader and not r.gated and bool(r.actions),
+                "acted": self.role.leader and bool(r.actions),
                 "actions": [action_json(a) for a in r.actions],
                 "errors": list(r.errors),
                 "late_errors": list(r.late_errors),

@@ -68,7 +68,7 @@ class SimActions:
             or any(r.state in (ReplicaState.STARTING, ReplicaState.DRAINING) for r in self._reps.values())
         )
 
-    def in_flight(self) -> InFlight | None:
+    def in_flight(self) -> InFlight:
         """(GPUs, models) with work under way: a repartition, a drain, or actions still queued.
 
         A replica that is merely STARTING is not listed, and nor is a queued
@@ -79,7 +79,9 @@ class SimActions:
         is the planner's to replace.
         """
         if not self.config.in_flight_hook:
-            return None
+            if not self.converging():
+                return frozenset(), frozenset()
+            return frozenset(self.gpus), frozenset(self.models)
         self._timers(self.clock.now())
         gpus, models = self.queue.busy(self._owner)
         gpus |= set(self._repart) | {r.gpu for r in self._reps.values() if r.state == ReplicaState.DRAINING}

@@ -25,9 +25,9 @@ class SimConfig:
     # counts as an SLO miss but does not hold the queue up forever. 30 s at
     # 300 req/s caps a replica's backlog at ~9,000 requests.
     queue_timeout_s: float = 30.0
-    # False: ``in_flight()`` answers None, as an actuator that only knows
-    # ``converging()`` would, and the loop falls back to its global gate
-    # (``benchmarks/policies.py --diagnose`` measures the difference).
+    # False: ``in_flight()`` names every GPU and model busy while anything
+    # converges -- a global gate, for ``benchmarks/policies.py --diagnose`` to
+    # measure what the per-GPU/per-model answer gains.
     in_flight_hook: bool = True
     # A WAIT_READY fails (and drops the rest of its chain) when its replica is not
     # READY this long after the WAIT_READY began waiting: a Deployment's default

@@ -10,17 +10,23 @@ and offers:
 - ``snapshot()``: the backend's ClusterState;
 - ``settle()``: let time pass until nothing is queued, starting or draining
   (or a bound passes);
-- ``fail_starts(key)``: replicas of that model (or id) fail to start from now on.
+- ``fail_starts(key)``: replicas of that model (or id) fail to start from now on;
+- ``scheduler_places``: the backend is one whose scheduler places replicas
+  (protocols.py, "Backends whose scheduler places replicas"); the suite then
+  checks what the contract allows such a backend instead.
 
-Adding a backend is one function here and one entry in ``HARNESSES``. The
-Kubernetes backend is not in it: these tests name replicas by the planner's
-ids and instances by their start slot, which Kubernetes does not have (the
-ReplicaSet names the pods; the scheduler and the device plugin pick node and
-instance). It queues WAIT_READY chains and answers ``in_flight`` and
-``take_errors``; ``tests/kubernetes/test_k8s_contract.py`` checks the same
-behaviours at workload level on the emulated cluster.
+Adding a backend is one function here and one entry in ``HARNESSES``.
+
+The Kubernetes backend runs on the emulated control plane
+(``tests/kubernetes/emulated.py``: API server, Deployment/ReplicaSet and
+disruption controllers, scheduler, kubelet, device plugin, mig-manager). Each
+GPU of a test's world is a one-GPU node of the same name (GPU ``g0`` is
+``g0/0`` there), and the suite's replica names are the Kubernetes harness's
+own bookkeeping: the ReplicaSet names the pods, so a CREATE's id is bound to
+the next new pod of its workload, and the suite's name of a replica is
+translated to its pod's name on the way in and back in every answer. The
+suite's world of READY replicas is built through the backend itself.
 """
-
 from __future__ import annotations
 
 import sys
@@ -71,6 +77,7 @@ class Harness:
     settle: Callable[[], None]
     fail_starts: Callable[[str], None]
     close: Callable[[], None] = lambda: None
+    scheduler_places: bool = False
     errors_seen: list[str] = field(default_factory=list)
 
     def apply(self, actions: Sequence[Action]) -> list[str]:
@@ -140,10 +147,23 @@ def _local(gpus: Sequence[GpuState], replicas: Sequence[Replica], tmp: Path) -> 
     return Harness("local", c, c.snapshot, settle, launcher.failing.add, close=c.stop)
 
 
+def _kubernetes(gpus: Sequence[GpuState], replicas: Sequence[Replica], tmp: Path) -> Harness:
+    from kube_harness import KubeWorld
+
+    w = KubeWorld([spec(m) for m in MODELS], gpus)
+    try:
+        w.seed(replicas)
+    except BaseException:
+        w.close()
+        raise
+    return Harness("kubernetes", w, w.snapshot, w.settle, w.fail_starts.add, close=w.close, scheduler_places=True)
+
+
 HARNESSES: dict[str, Callable[[Sequence[GpuState], Sequence[Replica], Path], Harness]] = {
     "sim": _sim,
     "fake": _fake,
     "local": _local,
+    "kubernetes": _kubernetes,
 }
 
 

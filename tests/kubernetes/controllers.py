@@ -22,7 +22,9 @@ name). Times are passed in, so a test can drive them with a VirtualClock or
   last name) or marks it ``PodScheduled=False/Unschedulable``; a pod with
   scheduling gates waits (``SchedulingGated``) until they are removed; admits a bound pod only if the device
   plugin still has a free device (else ``Failed/UnexpectedAdmissionError``);
-  a running pod is Ready ``ready_delay_s`` later; a deleted pod is removed
+  a running pod is Ready ``ready_delay_s`` later, unless ``crashing`` says its
+  container exits at start (then it reports ``CrashLoopBackOff`` and is never
+  Ready, as the kubelet's restart back-off does); a deleted pod is removed
   ``stop_s`` later (its preStop sleep and shutdown, never past its grace).
 - ``DisruptionController``: a PodDisruptionBudget's expected pods (the
   controllers' scale for ``maxUnavailable``), healthy pods (Ready, not
@@ -221,6 +223,11 @@ class ReplicaSetController:
         self.fake.create_obj(pod, self.manager, validate=False)
 
 
+def crash_looping(pod: Obj) -> bool:
+    return any(((cs.get("state") or {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff"
+               for cs in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
 def requests_of(pod: Obj) -> dict[str, int]:
     out: dict[str, int] = {}
     for c in (pod.get("spec") or {}).get("containers") or []:
@@ -251,6 +258,9 @@ class Kubelet:
         self._started: dict[str, float] = {}
         self._stopping: dict[str, float] = {}
         self.admission_failures = 0
+        # pods whose container exits at start: the kubelet restarts it with a back-off and reports
+        # state.waiting.reason=CrashLoopBackOff; the pod stays Running and never Ready
+        self.crashing: Callable[[Obj], bool] = lambda pod: False
 
     def step(self, now: float) -> None:
         nodes = {n["metadata"]["name"]: n for n in self.fake.view("Node")}
@@ -287,7 +297,10 @@ class Kubelet:
             elif st.get("phase", "Pending") == "Pending":
                 self._admit(p, nodes.get(node), used, now)
             elif not ready(p) and now - self._started.get(uid, now) >= self.ready_delay_s:
-                self._set_pod(p, "Running", ready_now=True)
+                if not self.crashing(p):
+                    self._set_pod(p, "Running", ready_now=True)
+                elif not crash_looping(p):
+                    self._set_pod(p, "Running", ready_now=False, crashed=True)
 
     def _free(self, node: Obj, used: dict[str, int], res: str) -> int:
         alloc = (node.get("status") or {}).get("allocatable") or {}
@@ -345,14 +358,16 @@ class Kubelet:
         self._started[p["metadata"]["uid"]] = now
         self._set_pod(p, "Running", ready_now=self.ready_delay_s <= 0)
 
-    def _set_pod(self, p: Obj, phase: str, *, ready_now: bool) -> None:
+    def _set_pod(self, p: Obj, phase: str, *, ready_now: bool, crashed: bool = False) -> None:
         flag = "True" if ready_now else "False"
+        state = ({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off restarting failed container"}}
+                 if crashed else {"running": {"startedAt": iso(time.time())}})
         set_status(self.fake, p, {
             "phase": phase,
             "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Initialized", "status": "True"},
                            {"type": "ContainersReady", "status": flag}, {"type": "Ready", "status": flag}],
-            "containerStatuses": [{"name": c["name"], "ready": ready_now, "restartCount": 0, "image": c.get("image", ""),
-                                   "imageID": "", "state": {"running": {"startedAt": iso(time.time())}}}
+            "containerStatuses": [{"name": c["name"], "ready": ready_now, "restartCount": 1 if crashed else 0,
+                                   "image": c.get("image", ""), "imageID": "", "state": state}
                                   for c in (p.get("spec") or {}).get("containers") or []],
         }, "kubelet")
 

@@ -1,12 +1,12 @@
-"""The actuator contract (``autoscaler/protocols.py``) on Kubernetes, at the level Kubernetes offers.
+"""The actuator contract on Kubernetes: what the shared suite cannot see.
 
-``tests/contract/`` runs one suite over the simulator, the recording fake and
-the local cluster; its assertions name replicas by the ids the planner gives
-them and instances by their start slot. On Kubernetes neither exists: the
-ReplicaSet names the pods, the scheduler and the device plugin pick the node
-and the instance, and GPU feature discovery reports counts per node, not
-positions. So the same behaviours are checked here with identities Kubernetes
-has -- a workload's Ready pods, a node's instances -- on the emulated cluster.
+``tests/contract/`` runs the one suite over every backend, this one included
+(on the emulated control plane, its names translated by
+``tests/contract/kube_harness.py``). These tests check the same rules in the
+identities Kubernetes has -- a workload's Deployment and its Ready pods, a
+node's objects and resourceVersion -- where the suite's names would hide them:
+the scale written, the error naming the missing instance, a repartition to
+the current layout writing nothing at all.
 """
 
 from __future__ import annotations

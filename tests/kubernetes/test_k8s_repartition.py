@@ -203,3 +203,22 @@ def test_pods_being_evicted_are_reported_draining(cluster, backends):
     be.apply([REPART])
     run(be, fake, lambda: any(r.state is ReplicaState.DRAINING for r in be.snapshot().replicas))
     assert any(r.gpu.startswith("node-a") for r in be.snapshot().replicas if r.state is ReplicaState.DRAINING)
+
+
+def test_a_follower_holds_only_the_gpus_the_leader_repartitions_and_writes_nothing(cluster, backends):
+    from autoscaler.runtime.kubernetes import LeaderGate
+
+    fake, a = setup(cluster, backends, user_agent="migscale/a")
+    assert a.apply([REPART]) == []
+    follower = backends([MODEL], user_agent="migscale/b")
+    gate = LeaderGate(follower)  # not leading: the loop's actuator is a shadow
+    caught_up(follower, fake)
+    follower.snapshot()
+    gpus, _models = gate.in_flight()
+    assert "node-a/0" in gpus and "node-b/0" not in gpus  # per GPU, read from node-a's annotation
+    create = Action(ActionKind.CREATE, Reason.SCALE_UP_DEMAND, gpu="node-b/0", model="resnet", profile="3g.40gb")
+    assert gate.apply([create]) == [] and fake.writes("migscale/b") == []
+    run(a, fake, lambda: phase(fake) is None)
+    caught_up(follower, fake)
+    follower.snapshot()
+    assert "node-a/0" not in gate.in_flight()[0]

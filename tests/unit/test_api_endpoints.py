@@ -324,7 +324,7 @@ def test_fast_path_answers_exactly_like_the_route(state, client):
 
 def test_a_tick_without_a_plan_keeps_the_last_plan(state, client):
     obs, _plan, cluster = demo_tick(T0 + 5)
-    state.update(obs, None, cluster, demo_models())  # gated tick: observed only
+    state.update(obs, None, cluster, demo_models())  # a tick with no plan: observed only
     body = client.get(f"{CM2}/namespaces/default/deployments.apps/resnet-1g-10gb/migscale_desired_replicas").json()
     assert body["items"][0]["value"] == "2"
     assert client.get("/v1/plan").json()["plan"]["reasons"]["resnet"] == ["scale_up_demand"]

@@ -27,11 +27,11 @@ def spec(name):
     )
 
 
-def make_loop(a=1, b=1, log=None, converge_calls=0, **cfg):
+def make_loop(a=1, b=1, log=None, **cfg):
     reps = [Replica(f"a-{i}", "a", PROFILE, "node-a/0", i, ReplicaState.READY) for i in range(a)]
     reps += [Replica(f"b-{i}", "b", PROFILE, "node-a/0", i, ReplicaState.READY) for i in range(b)]
     inv = FakeInventory(single_gpu_cluster(replicas=reps))
-    act = RecordingActuator(inv, converge_calls=converge_calls, geometry=False)  # stub_planner: no MIG geometry
+    act = RecordingActuator(inv, geometry=False)  # stub_planner: no MIG geometry
     src = FakeMetricsSource()
     clock = VirtualClock(0.0)
     config = PolicyConfig(models=(spec("a"), spec("b")), churn_budget=None, **cfg)
@@ -84,7 +84,7 @@ def test_prometheus_outage_5_minutes():
     assert scale_downs(act, mark) == 0  # zero scale-downs while blind
     assert count(inv, "b") == 6
     assert creates(act, mark) == 5 and count(inv, "a") == 10  # scale-up from what was known
-    assert all(Reason.HOLD_MISSING_METRICS in r.reasons["b"] for r in results if not r.gated)
+    assert all(Reason.HOLD_MISSING_METRICS in r.reasons["b"] for r in results)
     assert all(r.next_delay_s == loop.config.tick_s for r in results)  # an outage is not a tick error
     # recovery: one tick later the loop behaves like one that never lost its metrics
     src.outage = False
@@ -143,19 +143,6 @@ def test_backoff_is_capped():
         inv.next_error = RuntimeError("x")
         delays.append(loop.tick().next_delay_s)
     assert delays == [10, 20, 40, 60, 60, 60, 60, 60]
-
-
-def test_converging_gate_only_observes():
-    loop, src, _inv, act, _clock = make_loop(converge_calls=2)
-    src.set_rate("a", 400), src.set_rate("b", 40)
-    r = loop.tick()
-    assert not r.gated and len(act.apply_calls) == 1
-    g1, g2 = loop.tick(), loop.tick()
-    assert g1.gated and g2.gated and len(act.apply_calls) == 1
-    assert g1.reasons["a"] == (Reason.HOLD_CONVERGING,)
-    assert len(loop.state.demand["a"]) == 3  # windows kept current while gated
-    r = loop.tick()
-    assert not r.gated
 
 
 def test_decision_log_lines(tmp_path):
@@ -268,7 +255,7 @@ def test_busy_gpu_holds_only_the_models_on_it():
     src.set_rate("a", 200), src.set_rate("b", 200)  # both want 5 replicas (200 * 1.2 / 50)
     act.busy_gpus = {"g0"}  # g0 is being repartitioned
     r = loop.tick()
-    assert not r.gated and r.ok
+    assert r.ok
     assert r.held == ("a",)
     assert r.reasons["a"][0] is Reason.HOLD_CONVERGING
     touched = {x.gpu for call in act.apply_calls for x in call}
@@ -314,16 +301,6 @@ def test_hold_in_flight_drops_whole_linked_groups_and_keeps_order():
     assert kept == acts and held == frozenset()
     kept, held = hold_in_flight(acts, cluster, set(), {"c"})
     assert kept == (acts[0], acts[2], acts[3]) and held == {"c"}
-
-
-def test_in_flight_answering_none_falls_back_to_the_global_gate():
-    loop, src, _inv, act, _clock, _ = two_gpu_loop()
-    act.in_flight = lambda: None  # cannot tell what converges: hold everything while anything does
-    act.busy_gpus = {"g0"}
-    src.set_rate("a", 200), src.set_rate("b", 200)
-    r = loop.tick()
-    assert r.gated and act.apply_calls == []
-    assert r.reasons["b"] == (Reason.HOLD_CONVERGING,)
 
 
 def test_late_errors_of_queued_actions_are_reported_without_failing_the_tick(tmp_path):

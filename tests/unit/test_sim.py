@@ -110,6 +110,20 @@ def test_replica_starts_after_delay_and_serves():
     assert c.capacity[-1][0] == 300.0
 
 
+def test_without_the_in_flight_hook_everything_is_busy_while_anything_converges():
+    # the global gate that benchmarks/policies.py --diagnose compares the per-GPU answer with
+    c, _ = _cluster(start_delay_s=30, drain_s=5, in_flight_hook=False)
+    assert c.in_flight() == (frozenset(), frozenset())
+    c.apply([_create(rid="a")])
+    assert c.in_flight() == (frozenset({"n/0"}), frozenset({"m"}))  # only STARTING, yet all of it waits
+    for _ in range(6):
+        c.advance(np.array([100.0]))
+    assert c.in_flight() == (frozenset(), frozenset())
+    c, _ = _cluster(start_delay_s=30)
+    c.apply([_create(rid="a")])
+    assert c.in_flight() == (frozenset(), frozenset())  # with the hook: a start is not in flight
+
+
 def _ready_cluster(**kw) -> SimCluster:
     clock = VirtualClock(0.0)
     gpu = GpuState("n/0", "n", "A100-SXM4-80GB", TWO_3G)

@@ -183,11 +183,6 @@ class KubernetesBackend:
                 gpus.add(r.gpu)
         return frozenset(gpus), frozenset(models)
 
-    def converging(self) -> bool:
-        last = self._last or ClusterState()
-        return bool(self.rollout.chains or self.repartitioner.in_progress()
-                    or any(r.state is ReplicaState.DRAINING for r in last.replicas))
-
     def _free_elsewhere(self, profile: str, node: str) -> int:
         """Free instances of ``profile`` on schedulable nodes other than ``node``, by the last snapshot."""
         last = self._last or ClusterState()

@@ -8,8 +8,12 @@ never a break without its make. This is the actuator contract of
 ``autoscaler/protocols.py`` at the level Kubernetes offers: the ReplicaSet
 names the pods and the scheduler and device plugin pick node and instance, so
 a CREATE is "one more pod of this workload" (an error only when its node has
-no instance of the profile at all), and a DRAIN/DELETE of a pod that is
-already gone is done without removing another.
+no instance of the profile at all; done when its id names a live pod of the
+workload -- the same CREATE re-applied), a DRAIN/DELETE names a pod (its
+workload read from the snapshot when the action gives no profile), and one of
+a pod that is already gone is done without removing another. Every action
+after a failed one in its chain -- including those merged into the failed
+step -- is reported as skipped, by the planner's name for it.
 
 Actions are split into independent chains: actions sharing a model are
 linked, and so are actions on a node that this batch repartitions (the whole
@@ -52,7 +56,7 @@ from autoscaler.clock import Clock
 from autoscaler.mig.layout import Placement
 from autoscaler.policy.planner import group_of
 from autoscaler.policy.types import Action, ActionKind, ClusterState, Reason
-from autoscaler.protocols import action_groups
+from autoscaler.protocols import action_groups, describe
 
 DONE, WAIT = "done", "wait"
 QUIET = "\x00"  # a failure already reported elsewhere (the repartition's own error): only the drop is news
@@ -72,7 +76,11 @@ class Step:
     rid: str | None = None
     carved_first: bool = False  # CREATE: a REPARTITION of its node runs before it in the chain
     removed: int = 0  # DELETE: pods already scaled away by this step (the budget paces it over ticks)
-    actions: int = 1  # planner actions merged into this step (each is reported if skipped)
+    acts: list[Action] = field(default_factory=list)  # the planner's actions merged into this step
+
+    @property
+    def actions(self) -> int:
+        return max(1, len(self.acts))
 
     @property
     def n(self) -> int:
@@ -137,8 +145,10 @@ class Rollout:
     def _steps(self, actions: list[Action], cluster: ClusterState) -> list[Step]:
         steps: list[Step] = []
         repart: dict[str, Step] = {}
+        profiles = {r.id: r.profile for r in cluster.replicas}
         for a in actions:
-            prof = self._wprofile(a.model, a.profile)
+            named = profiles.get(a.replica or "") if a.kind in (ActionKind.DRAIN, ActionKind.DELETE) else None
+            prof = self._wprofile(a.model, a.profile or named)  # a DRAIN/DELETE may name only its replica
             last = steps[-1] if steps else None
             gpus = (a.gpu,) if a.gpu else ()
             if a.kind is ActionKind.REPARTITION:
@@ -149,6 +159,7 @@ class Rollout:
                     steps.append(step)
                 else:
                     step.gpus += gpus
+                step.acts.append(a)
                 # a GPU given to a multinode group is a whole GPU: MIG off (None) in mig-parted's terms
                 step.targets[a.gpu or ""] = None if a.profile == WHOLE else tuple(a.layout or ())
                 step.layouts = _node_layouts(cluster, node, step.targets)
@@ -159,12 +170,12 @@ class Rollout:
                 last.replicas += (a.replica or "",)
                 last.gpus += gpus
                 last.carved_first = last.carved_first or carved
-                last.actions += 1
+                last.acts.append(a)
             elif same:
-                last.actions += 1
+                last.acts.append(a)
             else:
                 steps.append(Step(a.kind, a.reason, model=a.model, profile=prof,
-                                  replicas=(a.replica or "",), gpus=gpus, carved_first=carved))
+                                  replicas=(a.replica or "",), gpus=gpus, carved_first=carved, acts=[a]))
         return steps
 
     # ------------------------------------------------------------ running
@@ -199,9 +210,11 @@ class Rollout:
                     why = res.lstrip(QUIET)
                     if not res.startswith(QUIET):
                         errors.append(res)
+                    # the step's own merged actions after its first failed with it
+                    errors += [f"{describe(a)} [{_name(step)}]: skipped, {why}" for a in step.acts[1:]]
                     # each action that depended on it, reported (the actuator contract)
-                    errors += [f"{_name(s)}: skipped, an earlier action of its change failed ({why})"
-                               for s in chain.steps for _ in range(s.actions)]
+                    errors += [f"{describe(a)} [{_name(s)}]: skipped, an earlier action of its change failed ({why})"
+                               for s in chain.steps for a in s.acts]
                     chain.steps.clear()
             if not chain.steps:
                 self.chains.remove(chain)
@@ -212,22 +225,34 @@ class Rollout:
         if k is ActionKind.REPARTITION:
             return self._repartition(chain, step)
         spec = self.workloads.models.get(step.model or "")
+        if spec is not None and step.profile is None and k in (ActionKind.DRAIN, ActionKind.DELETE):
+            return DONE  # it names a replica the snapshot does not show: already gone (the contract)
         if spec is None or step.profile is None:
             return f"{step.model}: not in the models config; action skipped"
         key = (spec.name, step.profile)
         if k is ActionKind.CREATE:
             missing = self.uncarved(step)
             if missing:
-                return f"create {spec.name}: {missing}; carve it first (REPARTITION)"
+                return f"{describe(step.acts[0]) if step.acts else 'create ' + spec.name}: {missing}; carve it first (REPARTITION)"
             old = self.workloads.size(*key)
-            nodes = [node_of(g) for g in step.gpus][: step.n] if step.profile != WHOLE else []
+            n = step.n
+            if step.profile != WHOLE:
+                # re-applied after it took effect: a replica id the snapshot shows as a live pod of this
+                # workload is that CREATE's pod, so it adds nothing (level-triggered, protocols.py)
+                live = {p["metadata"]["name"] for p in self.workloads.pods_of(*key)
+                        if not p["metadata"].get("deletionTimestamp")}
+                n = sum(1 for r in step.replicas if r not in live)
+                if n == 0:
+                    chain.targets[key] = old
+                    return DONE
+            nodes = [node_of(g) for g in step.gpus][:n] if step.profile != WHOLE else []
             self.workloads.place(spec.name, step.profile, nodes)  # before the pods exist: the watch may be quick
             try:
-                self.workloads.scale(spec, step.profile, old + step.n, step.reason.value)
+                self.workloads.scale(spec, step.profile, old + n, step.reason.value)
             except KubeError:
                 self.workloads.unplace(spec.name, step.profile, len(nodes))
                 raise
-            chain.targets[key] = old + step.n
+            chain.targets[key] = old + n
             return DONE
         if k is ActionKind.WAIT_READY:
             # a later chain may have scaled the workload down meanwhile: never wait for more than it has
@@ -238,9 +263,9 @@ class Rollout:
                 return DONE
             stuck = self.cannot_start(*key)
             if stuck:
-                return f"{workload_name(*key)}: {ready}/{want} ready and {stuck}; the old replicas stay"
+                return f"wait_ready {workload_name(*key)}: {ready}/{want} ready and {stuck}; the old replicas stay"
             if self.clock.now() - chain.since > self.ready_timeout_s:
-                return f"{workload_name(*key)}: {ready}/{want} ready after {self.ready_timeout_s:.0f}s; the old replicas stay"
+                return f"wait_ready {workload_name(*key)}: {ready}/{want} ready after {self.ready_timeout_s:.0f}s; the old replicas stay"
             chain.why = f"waiting for {want - ready} more Ready pod(s) of {workload_name(*key)}"
             return WAIT
         if k is ActionKind.DRAIN:

@@ -291,18 +291,30 @@ class Workloads:
     def ungate(self, pods: list[Obj] | None = None) -> list[str]:
         """Lift the placement gate of new pods (``pods``, or every gated one in the cache), each with the
         node the planner chose for it if any."""
-        with self._gate_lock:
-            return self._ungate(self.caches.pods.items() if pods is None else pods)
-
-    def _ungate(self, candidates: list[Obj]) -> list[str]:
+        with self._gate_lock:  # decided and recorded under the lock, written outside it: a tick's
+            todo = self._ungate(self.caches.pods.items() if pods is None else pods)  # place() never waits on HTTP
         errors: list[str] = []
+        for name, patch in todo:
+            try:
+                self.rest.merge_patch("v1", "Pod", self.cfg.namespace, name, patch)
+            except KubeError as exc:
+                with self._gate_lock:
+                    self._ungated.pop(name, None)
+                    self._pinned.pop(name, None)
+                if exc.status != 404:
+                    errors.append(f"ungate pod {name}: {exc}")
+        return errors
+
+    def _ungate(self, candidates: list[Obj]) -> list[tuple[str, Obj]]:
+        """The patches that lift the gate of new pods, recorded as done (undone by ``ungate`` on failure)."""
+        todo: list[tuple[str, Obj]] = []
         now = self.clock.now()
         self._ungated = {k: t for k, t in self._ungated.items() if now - t < WRITE_FRESH_S}
         gated = [p for p in candidates if p["metadata"]["name"] not in self._ungated
                  and not p["metadata"].get("deletionTimestamp")
                  and any(g.get("name") == PLACEMENT_GATE for g in (p.get("spec") or {}).get("schedulingGates") or [])]
         if not gated:
-            return errors
+            return todo
         # instances of each profile taken on each node: bound pods, and pods pinned there not yet bound
         taken: dict[tuple[str, str], int] = {}
         pinned_now = {name for name, (_n, _p, t) in self._pinned.items() if now - t < WRITE_FRESH_S}
@@ -333,16 +345,12 @@ class Workloads:
                                                        if g.get("name") != PLACEMENT_GATE] or None}}
             if node:
                 patch["spec"]["affinity"] = with_hostname(spec.get("affinity") or {}, node)
-            try:
-                self.rest.merge_patch("v1", "Pod", self.cfg.namespace, pod["metadata"]["name"], patch)
-                self._ungated[pod["metadata"]["name"]] = now
-                if node:
-                    self._pinned[pod["metadata"]["name"]] = (node, profile, now)
-                    taken[(node, profile)] = taken.get((node, profile), 0) + 1
-            except KubeError as exc:
-                if exc.status != 404:
-                    errors.append(f"ungate pod {pod['metadata']['name']}: {exc}")
-        return errors
+            todo.append((pod["metadata"]["name"], patch))
+            self._ungated[pod["metadata"]["name"]] = now
+            if node:
+                self._pinned[pod["metadata"]["name"]] = (node, profile, now)
+                taken[(node, profile)] = taken.get((node, profile), 0) + 1
+        return todo
 
     def sweep(self, busy: set[str]) -> list[str]:
         """Retire workloads: those of models no longer configured go to 0; those at 0 with no pod left are

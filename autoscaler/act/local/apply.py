@@ -161,13 +161,6 @@ class ApplyMixin:
                     models.add(r.model)
             return frozenset(gpus), frozenset(models | held)
 
-    def converging(self) -> bool:
-        with self._apply_lock, self._lock:
-            return bool(self.queue) or bool(self._drains) or any(
-                r.state in (ReplicaState.STARTING, ReplicaState.DRAINING, ReplicaState.FAILED)
-                for r in self._replicas.values()
-            )
-
     def settled(self) -> bool:
         """Nothing queued, no replica starting, no drain running (queued chains moved on first)."""
         self.advance()

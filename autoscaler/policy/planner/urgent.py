@@ -11,6 +11,8 @@ and consolidation move the model back to its efficient mix.
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from autoscaler.mig.layout import Placement
@@ -57,18 +59,15 @@ def place_urgent(work: dict[str, ModelWork], gpus: list[GpuWork]) -> None:
         free += [(g, p) for p in sorted(g.soft) if not any(overlaps(g.product, p, o) for o in occ)]
     if not free:
         return
+    pool = _FreePool(free)
     count = {n: len(work[n].keep) for n in have}
     picked = dict.fromkeys(have, 0)
     for level in sorted({work[n].spec.priority for n in have}, reverse=True):
         active = sorted(n for n in have if work[n].spec.priority == level)
-        while active and free:
+        while active and pool.alive:
             n = min(active, key=lambda n: (have[n] / (work[n].demand or 1.0), n))
             m = work[n]
             need = (m.demand or 0.0) - have[n]
-            cands = [(g, p) for g, p in free if p.profile in m.cap]
-            if need <= EPS or count[n] >= m.spec.max_replicas or not cands:
-                active.remove(n)
-                continue
 
             def rank(gp: tuple[GpuWork, Placement], m=m, need=need) -> tuple:
                 g, p = gp
@@ -76,10 +75,14 @@ def place_urgent(work: dict[str, ModelWork], gpus: list[GpuWork]) -> None:
                 covers = c >= need - EPS
                 return (not g.hard, not covers, comp if covers else -c / comp, -c, g.rdma, g.order, p.start)
 
-            g, p = min(cands, key=rank)
+            best = pool.best(m.cap, rank)
+            if need <= EPS or count[n] >= m.spec.max_replicas or best is None:
+                active.remove(n)
+                continue
+            g, p = best
             g.place(n, p.profile, p.start, ())
             g.keep_cut = True
-            free = [(h, q) for h, q in free if not (h is g and overlaps(g.product, p, q))]
+            pool.take(g, p)
             have[n] += m.cap[p.profile]
             count[n] += 1
             picked[n] += 1
@@ -88,3 +91,62 @@ def place_urgent(work: dict[str, ModelWork], gpus: list[GpuWork]) -> None:
             m = work[n]
             m.add = cover((m.demand or 0.0) - have[n], m.options, max(0, m.floor - count[n]),
                           max(0, m.spec.max_replicas - count[n]))
+
+
+class _FreePool:
+    """The free instances of ``place_urgent``, for the best one by a model's rank in O(classes x log n).
+
+    Why: a scale-up at 8,000 GPUs has ~20,000 free instances and places
+    hundreds of replicas; scanning them all per replica was the whole tick
+    (minutes). Within one (product, profile) class the rank's capacity and
+    compute terms are equal, so its order is (not g.hard, g.rdma, g.order,
+    p.start) -- the same for every model and need. Each class keeps a heap in
+    that order; the best instance is the best of the classes' heads by the
+    full rank, ties to the earlier instance in the original list, exactly as
+    ``min`` over the list. Taking an instance kills the overlapping ones on its
+    GPU and re-keys the GPU's others (its ``hard`` changed); stale heap
+    entries are skipped when they surface.
+    """
+
+    def __init__(self, free: list[tuple[GpuWork, Placement]]) -> None:
+        self.free = free
+        self.dead = [False] * len(free)
+        self.alive = len(free)
+        self.version: dict[int, int] = {}
+        self.on_gpu: dict[int, list[int]] = {}
+        self.heaps: dict[tuple[int, str], list[tuple]] = {}
+        for i, (g, _p) in enumerate(free):
+            self.on_gpu.setdefault(id(g), []).append(i)
+        for i in range(len(free)):
+            self._push(i)
+
+    def _push(self, i: int) -> None:
+        g, p = self.free[i]
+        heap = self.heaps.setdefault((id(g.product), p.profile), [])
+        heapq.heappush(heap, (not g.hard, g.rdma, g.order, p.start, i, self.version.get(id(g), 0)))
+
+    def best(self, cap: Mapping[str, float], rank: Callable[[tuple[GpuWork, Placement]], tuple]
+             ) -> tuple[GpuWork, Placement] | None:
+        top: tuple | None = None
+        for (_prod, profile), heap in self.heaps.items():
+            if profile not in cap:
+                continue
+            while heap and (self.dead[heap[0][4]] or heap[0][5] != self.version.get(id(self.free[heap[0][4]][0]), 0)):
+                heapq.heappop(heap)
+            if heap:
+                i = heap[0][4]
+                key = (*rank(self.free[i]), i)
+                if top is None or key < top:
+                    top = key
+        return None if top is None else self.free[top[-1]]
+
+    def take(self, g: GpuWork, p: Placement) -> None:
+        self.version[id(g)] = self.version.get(id(g), 0) + 1
+        for i in self.on_gpu[id(g)]:
+            if self.dead[i]:
+                continue
+            if overlaps(g.product, p, self.free[i][1]):
+                self.dead[i] = True
+                self.alive -= 1
+            else:
+                self._push(i)
