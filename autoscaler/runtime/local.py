@@ -17,6 +17,7 @@ driver's health says it is current (``/readyz``, stale values absent).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -250,6 +251,8 @@ def _write_status(cluster: LocalCluster, path: Path) -> None:
         _status_errors.clear()
     except OSError as e:
         # Disk full: `migscale status` reads a stale file for a while; the stack keeps serving.
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            cluster.prom.storage_failed()  # its TSDB is on the same disk: its windows have a gap
         if not _status_errors:
             log.warning("cannot write %s: %s (retrying every second)", path, e)
         _status_errors.append(str(e))

@@ -213,11 +213,18 @@ def test_a_restarted_prometheus_holds_the_loop_for_a_whole_window(tmp_path):
     server.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         assert server.mode == "prometheus-warming"
-        with pytest.raises(PrometheusWarming, match=r"restarted 10s ago; holding 24s more"):
+        with pytest.raises(PrometheusWarming, match=r"it restarted 10s ago; holding 24s more"):
             src.read(["m"], [], 0.0)
         server.restarted_at = time.time() - 35
         assert server.mode == "prometheus" and src.read(["m"], [], 0.0) == ({"m": None}, {})
         assert src.last_notes == ("n",)
+        # a full disk: Prometheus dropped its scrapes, so the same hold from the last failed write
+        server.storage_failed(time.time() - 4)
+        assert server.mode == "prometheus-warming"
+        with pytest.raises(PrometheusWarming, match=r"its disk was full \(scrapes dropped\) 4s ago; holding 30s"):
+            src.read(["m"], [], 0.0)
+        server.lost_samples_at = time.time() - 35
+        assert src.read(["m"], [], 0.0) == ({"m": None}, {})
     finally:
         server.proc.kill()
         server.proc.wait()
