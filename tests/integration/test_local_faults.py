@@ -298,18 +298,9 @@ def _status(run_dir: Path) -> list[dict]:
 
 
 def test_up_without_torch_for_a_multinode_model_fails_fast_and_clearly(tmp_path):
-    """The reported fault: the venv lacks torch. Injected with a sitecustomize that hides it from
-    every interpreter started with this environment (the stub's and the ranks' too)."""
-    notorch = tmp_path / "notorch"
-    notorch.mkdir()
-    (notorch / "sitecustomize.py").write_text(
-        "import sys\n"
-        "class _NoTorch:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'torch' or name.startswith('torch.'):\n"
-        "            raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n"
-        "sys.meta_path.insert(0, _NoTorch())\n"
-    )
+    """The reported fault: the venv lacks torch. Injected with tests/notorch's sitecustomize, which
+    hides it from every interpreter started with this environment (the stub's and the ranks' too)."""
+    notorch = Path(__file__).resolve().parents[1] / "notorch"  # its sitecustomize hides torch
     models, cluster, run_dir = _cli_configs(
         tmp_path,
         "models:\n"

@@ -12,14 +12,7 @@ from autoscaler.config import parse_cluster, parse_models
 
 TRITON = Path(__file__).resolve().parents[2] / "triton_models"
 
-NO_TORCH = (
-    "import sys\n"
-    "class _NoTorch:\n"
-    "    def find_spec(self, name, path=None, target=None):\n"
-    "        if name == 'torch' or name.startswith('torch.'):\n"
-    "            raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n"
-    "sys.meta_path.insert(0, _NoTorch())\n"
-)
+NO_TORCH = Path(__file__).resolve().parents[1] / "notorch"  # its sitecustomize hides torch
 
 
 def _configs(tmp_path: Path, llm_dir: Path, resnet_dir: Path, tritonserver: str | None = None):
@@ -55,9 +48,7 @@ def test_each_missing_piece_is_named_with_the_model_and_the_fix(tmp_path):
 
 
 def test_torch_missing_from_the_stubs_interpreter_names_the_install_command(tmp_path, monkeypatch):
-    (tmp_path / "notorch").mkdir()
-    (tmp_path / "notorch" / "sitecustomize.py").write_text(NO_TORCH)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "notorch"), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(NO_TORCH), os.environ.get("PYTHONPATH", "")]))
     err = import_error(sys.executable, "torch", triton_env())
     assert err == "ModuleNotFoundError: No module named 'torch'"
     assert import_error(sys.executable, "torch", triton_env(), full=False) == err
