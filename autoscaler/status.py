@@ -170,9 +170,13 @@ def render_table(status: dict) -> str:
         lines.append(f"prometheus:  {prom} DOWN: the loop holds every model (no scale-down)"
                      f"{_infra_note(status, 'prometheus')}")
     elif mode == "prometheus-warming":
-        lines.append(f"prometheus:  {prom} restarted: the loop holds every model until it has a whole window")
+        lines.append(f"prometheus:  {prom} restarted or dropped scrapes: the loop holds every model until it has a whole window")
     else:
         lines.append(f"prometheus:  {prom}{_infra_note(status, 'prometheus')}")
+    cfg = status.get("config")
+    if isinstance(cfg, dict):
+        refused = f"; generation {cfg['refused_generation']} refused: {cfg['error']}" if cfg.get("error") else ""
+        lines.append(f"config:      generation {cfg.get('generation')} ({', '.join(cfg.get('models') or [])}){refused}")
     return "\n".join(lines)
 
 

@@ -55,6 +55,7 @@ from autoscaler.policy.types import (
     Reason,
     ReplicaState,
 )
+from autoscaler.runtime.local import FAST_WINDOW_S  # the local controller's burst-layer window
 from autoscaler.sim.cluster import SimCluster, SimConfig
 from autoscaler.sim.run import SimTime
 from loadtests.shapes import Step
@@ -213,8 +214,17 @@ def run_real(shape: Step, run_dir: Path) -> dict[str, Any]:
             source = ScrapeSource(lambda: {r.id: (r.model, r.process.url_metrics) for r in c.replicas()
                                            if r.state is ReplicaState.READY}, window_s=6.0)
             source_name = "scrape"
-        loop = ControlLoop(source, c, c, policy(), WallClock())
-        driver = Driver(loop, WallClock(), tick_s=loop.config.tick_s)
+        # The burst layer's direct scrape, as the local controller runs it: each
+        # replica every second (the driver's idle hook), the last 3 s attached.
+        from autoscaler.driver import Hooks
+        from autoscaler.observe.fast import FastScrape, WithFast
+
+        clock = WallClock()
+        fast = FastScrape(lambda: {r.id: (r.model, r.process.url_metrics) for r in c.replicas()
+                                   if r.state is ReplicaState.READY}, window_s=FAST_WINDOW_S)
+        loop = ControlLoop(WithFast(source, fast), c, c, policy(), clock)
+        driver = Driver(loop, clock, tick_s=loop.config.tick_s, slice_s=1.0,
+                        hooks=Hooks(idle=lambda: fast.sample(clock.now())))
         loop_thread = threading.Thread(target=driver.run, args=(stop,), daemon=True)
         t0 = time.monotonic()
         loop_thread.start()
@@ -248,7 +258,7 @@ def run_sim(shape: Step, start_delay_s: float, step_s: float = 1.0,
     gpu = GpuState(GPU, "node-a", PRODUCT, layout=initial_layout())
     init = ClusterState((gpu,), (Replica("resnet-0", "resnet", "1g.10gb", GPU, 6, ReplicaState.READY, 0.0),))
     cfg = SimConfig(step_s=step_s, start_delay_s=start_delay_s, drain_s=1.0, repartition_delay_s=1.0,
-                    scrape_delay_s=2.0, metrics_window_s=6.0)
+                    scrape_delay_s=2.0, metrics_window_s=6.0, fast_window_s=FAST_WINDOW_S, fast_delay_s=0.0)
     spec = policy()
     cluster = SimCluster(spec.models, {"resnet": SLO_MS}, init, clock, cfg,
                          service_rps={"resnet": service_rps} if service_rps else None, record_sojourns=True)

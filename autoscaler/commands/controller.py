@@ -146,7 +146,7 @@ def register(app: typer.Typer) -> None:
         help="Run the control loop on Kubernetes (leader-elected) and serve the metrics API." + EXAMPLE,
     )
     def controller(
-        models: Annotated[str, typer.Argument(help="models.yaml")],
+        models: Annotated[str, typer.Argument(help="models.yaml, or - with --migmodels (models come from MigModels)")],
         cluster: Annotated[str, typer.Argument(help="cluster.yaml")],
         backend: Annotated[
             str, typer.Option(help="where replicas live: kubernetes (the local backend is `migscale up`)")
@@ -254,6 +254,14 @@ def register(app: typer.Typer) -> None:
             float,
             typer.Option("--retry-period", help="seconds between acquire/renew attempts (default 2)"),
         ] = 2.0,
+        migmodels: Annotated[
+            str | None,
+            typer.Option(
+                "--migmodels",
+                help="serve the MigModels of these namespaces ('all', or comma-separated names); "
+                "each model's workloads go into its MigModel's namespace (MODELS is then -)",
+            ),
+        ] = None,
         once: Annotated[
             bool,
             typer.Option(
@@ -283,7 +291,13 @@ def register(app: typer.Typer) -> None:
         problems = check_timings(lease_duration, renew_deadline, retry_period)
         if problems:
             fail(problems)
-        models_cfg, cluster_cfg = load_for_cluster(models, cluster)
+        spaces = _migmodel_namespaces(migmodels, models)
+        if spaces is None:
+            models_cfg, cluster_cfg = load_for_cluster(models, cluster)
+        else:
+            from autoscaler.commands._common import load_cluster_or_exit
+
+            models_cfg, cluster_cfg = None, load_cluster_or_exit(cluster)
 
         from autoscaler.act.kubernetes.config import LeaseTimings, build_backend
         from autoscaler.clock import WallClock
@@ -294,7 +308,7 @@ def register(app: typer.Typer) -> None:
         identity = identity or os.environ.get("POD_NAME") or socket.gethostname()
         try:
             kube = build_backend(
-                model_specs(models_cfg, cluster_cfg),
+                model_specs(models_cfg, cluster_cfg) if models_cfg is not None else [],
                 cluster_cfg,
                 host=kube_host,
                 identity=identity,
@@ -303,6 +317,7 @@ def register(app: typer.Typer) -> None:
                 leader_elect=leader_elect,
                 dry_run=dry_run,
                 lease=LeaseTimings(lease_duration, renew_deadline, retry_period),
+                backend_options={"all_namespaces": spaces is not None},
             )
         except Exception as exc:  # noqa: BLE001 - kubernetes.config raises several types; one line each
             fail(
@@ -313,6 +328,16 @@ def register(app: typer.Typer) -> None:
                     )
                 ]
             )
+        model_source = None
+        if spaces is not None:
+            from autoscaler.act.kubernetes.client import KubeError
+            from autoscaler.runtime.migmodels import MigModelSource
+
+            try:
+                model_source = MigModelSource(kube.rest, cluster_cfg, namespaces=spaces or None)
+            except KubeError as exc:
+                kube.close()
+                fail([f"--migmodels: {exc}"])
         ctl = KubernetesController(
             kube,
             _source(prometheus, rate_window, cluster_cfg),
@@ -322,6 +347,7 @@ def register(app: typer.Typer) -> None:
             identity=identity,
             decision_log=decision_log,
             dry_run=dry_run,
+            model_source=model_source,
         )
         if once:
             try:
@@ -338,6 +364,25 @@ def register(app: typer.Typer) -> None:
                 ctl.close()
                 raise
         _serve(ctl, host, port, tls, cluster_cfg.namespace)
+
+
+def _migmodel_namespaces(option: str | None, models_path: str) -> list[str] | None:
+    """None: models from MODELS; [] = MigModels of all namespaces; else those namespaces'. Bad input exits 2."""
+    if option is None:
+        if models_path == "-":
+            fail(["MODELS: '-' means models come from MigModels; give --migmodels too, got '-'"])
+        return None
+    if models_path != "-":
+        fail([f"MODELS: with --migmodels the models come from MigModels; give - , got {models_path!r}"])
+    if option.strip() == "all":
+        return []
+    from autoscaler.config.schema import DNS_LABEL
+
+    names = [n.strip() for n in option.split(",")]
+    bad = [n for n in names if not DNS_LABEL.fullmatch(n)]
+    if bad or not names:
+        fail([f"--migmodels: 'all' or comma-separated namespace names, got {option!r}"])
+    return list(dict.fromkeys(names))
 
 
 def load_for_cluster(models_path: str, cluster_path: str) -> tuple[Any, Any]:

@@ -4,10 +4,12 @@ Reads the decision log the loop appends to (``RUN_DIR/decisions.jsonl``, one
 JSON object per tick, written by ``autoscaler.loop``) and prints the newest
 decision as rich tables: per model the demand windows,
 panic, correction, replicas now and wanted, the req/s asked of the planner,
-the reasons, and each HPA stage's outcome; then the actions issued. With a
-running controller's ``RUN_DIR/status.json`` it adds what is crash-looping and
-why (restarts, next restart, last error lines): a model short of replicas for
-that reason is explained by it, not only by the planner's reasons.
+the reasons; the predictive floor (forecast, horizon, learned headroom and
+why it is what it is) beside the burst layer's ask; each HPA stage's
+outcome; then the actions issued. With a running controller's
+``RUN_DIR/status.json`` it adds what is crash-looping and why (restarts, next
+restart, last error lines): a model short of replicas for that reason is
+explained by it, not only by the planner's reasons.
 """
 
 from __future__ import annotations
@@ -50,6 +52,21 @@ def _num(v: Any, fmt: str = "{:.1f}") -> str:
     if isinstance(v, (int, float)):
         return fmt.format(v)
     return str(v)
+
+
+def headroom_sentence(name: str, d: dict[str, Any]) -> str:
+    """Why a model's headroom is what it is, in one line."""
+    h, q, n = d.get("headroom"), d.get("headroom_quantile"), d.get("headroom_samples", 0)
+    if h is None:
+        return f"{name}: no headroom (no demand measured yet)"
+    if q is None:
+        return f"{name}: headroom {100 * h:.0f}% is fixed (policy.headroom; learning is off)"
+    horizon = _num(d.get("horizon_s"), "{:.0f}")
+    if not d.get("headroom_learned"):
+        return (f"{name}: headroom {100 * h:.0f}% is the prior (policy.headroom) until 30 samples exist "
+                f"({n} so far, one a minute)")
+    return (f"{name}: headroom {100 * h:.0f}% = the {100 * q:g}th percentile of {n} samples (last 4 h) of how far "
+            f"demand rose above the forecast within one reaction horizon ({horizon} s), bounded to 0-150%")
 
 
 def render(rec: dict[str, Any]) -> None:
@@ -96,6 +113,23 @@ def render(rec: dict[str, Any]) -> None:
             ", ".join(reasons.get(name, [])),
         )
     console.print(t)
+    floor = Table(title="predictive floor and burst layer (required = max(floor, burst))")
+    for col in ("model", "forecast rps", "horizon s", "headroom", "floor rps", "burst rps", "required rps"):
+        floor.add_column(col)
+    why: list[str] = []
+    for name in sorted(models):
+        d = models[name]
+        if d.get("forecast_rps") is None and d.get("burst_rps") is None:
+            continue
+        h = d.get("headroom")
+        floor.add_row(name, _num(d.get("forecast_rps")), _num(d.get("horizon_s"), "{:.0f}"),
+                      "—" if h is None else f"{100 * h:.0f}%", _num(d.get("floor_rps")), _num(d.get("burst_rps")),
+                      _num(d.get("required_rps")))
+        why.append(headroom_sentence(name, d))
+    if floor.row_count:
+        console.print(floor)
+        for line in why:
+            console.print(line)
     stages = Table(title="HPA stages")
     for col in ("model", "stage", "value", "reason"):
         stages.add_column(col)

@@ -33,6 +33,7 @@ from autoscaler.act.local.pids import ProcRecord, RunDirLock, load_records, swee
 from autoscaler.act.local.ports import PortInUse, check_bindable
 from autoscaler.act.local.preflight import preflight
 from autoscaler.commands._common import fail, load_or_exit
+from autoscaler.runtime.live_models import LiveModels
 from autoscaler.runtime.local import LocalController, run_controller
 from autoscaler.runtime.local_setup import SetupError, cluster_from_config
 from autoscaler.status import render_table
@@ -129,6 +130,7 @@ def register(app: typer.Typer) -> None:
                 "metrics_api": lc.metrics_api_url,
                 "prometheus": lc.prometheus_url,
                 "run_dir": str(rd),
+                "cluster_config": str(cluster.resolve()),  # what `migscale apply` validates against
             },
         )
         stop = threading.Event()
@@ -139,11 +141,12 @@ def register(app: typer.Typer) -> None:
         old = {s: signal.signal(s, _stop) for s in (signal.SIGINT, signal.SIGTERM)}
         # The control loop (observe -> decide -> act) and the metrics API / web view.
         ctl = LocalController(lc, models_cfg, cluster_cfg)
+        live = LiveModels(ctl, lc, say=_say) if control else None  # `migscale apply` without a restart
         try:
             if control:
                 api = ctl.start_api()
                 _say(f"web view:    {api.url}/ui")
-            run_controller(lc, models_cfg, cluster_cfg, stop, ctl if control else None, say=_say)
+            run_controller(lc, models_cfg, cluster_cfg, stop, ctl if control else None, say=_say, live=live)
         except Exception as e:
             logging.getLogger("migscale.up").exception("the controller failed")
             _say(f"error: {type(e).__name__}: {e}")

@@ -388,6 +388,7 @@ def policy_config(models_cfg: Any, cluster_cfg: Any, **overrides: Any) -> Policy
         "slo_p99_ms": {m.name: float(m.slo.p99_ms) for m in models_cfg.models},
         "tick_s": float(p.tick_s),
         "headroom": float(p.headroom),
+        "headroom_quantile": None if p.headroom_quantile is None else float(p.headroom_quantile),
         "tolerance": float(p.tolerance),
         "short_window_s": float(p.short_window_s),
         "long_window_s": float(p.long_window_s),

@@ -452,7 +452,14 @@ def _hpa_down() -> ScalingBehavior:
 
 class PolicyConfig(_Strict):
     tick_s: float = Field(default=5, gt=0, le=3600)
-    headroom: float = Field(default=0.2, ge=0, le=10, description="plan capacity = demand * (1 + headroom)")
+    headroom: float = Field(default=0.2, ge=0, le=10,
+                            description="plan capacity = forecast * (1 + headroom) until a headroom is learned, "
+                                        "and always when headroom_quantile is null")
+    headroom_quantile: float | None = Field(
+        default=0.95, ge=0.5, le=0.999,
+        description="learn each model's headroom as this quantile of how far demand rose above the forecast "
+                    "within one reaction horizon (last 4 h); null = the fixed headroom",
+    )
     tolerance: float = Field(default=0.1, ge=0, lt=1)
     short_window_s: float = Field(default=10, gt=0, le=3600)
     long_window_s: float = Field(default=60, gt=0, le=86_400)

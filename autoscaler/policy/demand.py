@@ -7,10 +7,10 @@ capacity (req/s) a model needs, before the HPA stages and the planner.
   window (default 10 s) reacts to bursts, the *long* window (60 s) is the
   stable estimate -- Knative's panic/stable windows.
 - Panic mode (Knative KPA, docs/autoscalers.md): enter when short-window demand is at
-  least ``panic_threshold`` (2.0) times current capacity; while panicking use
-  the short window and never lower the requirement (the floor it keeps comes
-  from measured demand, not from a saturation guess); leave once the condition
-  has not held for a whole stable window.
+  least ``panic_threshold`` (2.0) times current capacity; while panicking
+  nothing scales down; leave once the condition has not held for a whole
+  stable window. What is asked for comes from the predictive floor and the
+  burst layer (``forecast.py``, ``burst.py``), not from these windows.
 - Required capacity = demand x correction x (1 + headroom). With 100 req/s,
   correction 1.0 and headroom 0.2 the planner is asked for 120 req/s.
 - The correction factor is learned online: when observed p99 exceeds the SLO
@@ -40,7 +40,6 @@ class PanicState:
     panicking: bool = False
     since_s: float | None = None  # when this panic began
     last_trigger_s: float | None = None  # last tick the panic condition held
-    max_required_rps: float = 0.0  # panic never lowers the requirement
 
 
 @dataclass(frozen=True)
@@ -196,7 +195,6 @@ def update_panic(
             panicking=True,
             since_s=panic.since_s if panic.panicking else now_s,
             last_trigger_s=now_s,
-            max_required_rps=panic.max_required_rps if panic.panicking else 0.0,
         )
     if (
         panic.panicking

@@ -39,7 +39,9 @@ class Reason(str, Enum):
     REPARTITION = "repartition"  # the profile mix of a GPU must change
     CHURN_BUDGET = "churn_budget"  # change deferred to a later tick
     SHORTFALL = "shortfall"  # the cluster cannot meet demand
+    FLEET_SHARE_MIN = "fleet_share_min"  # full fleet: held at the one replica no model goes without
     REPLACE_FAILED = "replace_failed"  # a crashed replica is replaced
+    WARM_SPARE = "warm_spare"  # an empty instance carved ahead of the next scale-up
     KEEP = "keep"
 
 
@@ -104,6 +106,25 @@ class ClusterState:
 
 
 @dataclass(frozen=True)
+class FastSignals:
+    """The burst layer's signals: scraped straight from the replicas every 1-2 s where
+    the backend allows (the local cluster, the simulator), summed over a model's replicas.
+
+    ``arrival_rps`` is what arrived over the last few seconds: completions plus
+    failures plus the growth of the queue -- unlike the served rate it does not
+    saturate at capacity. Any field may be None (absent series, first scrape).
+    """
+
+    t_s: float  # sample time of the newest scrape
+    window_s: float  # what the rates average over
+    arrival_rps: float | None = None
+    completed_rps: float | None = None
+    pending: float | None = None  # queued requests now (Triton's pending gauge)
+    avg_queue_ms: float | None = None
+    avg_compute_ms: float | None = None
+
+
+@dataclass(frozen=True)
 class ModelSignals:
     """Per-model request signals, each a rate or average over the query window.
 
@@ -126,6 +147,7 @@ class ModelSignals:
     pending: float | None = None  # queued requests (gauge)
     avg_batch: float | None = None
     ready_replicas: int | None = None  # replicas that reported this window
+    fast: FastSignals | None = None  # the burst layer's 1-2 s signals, where the backend has them
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from autoscaler.loop import TickResult
 from autoscaler.policy.types import ActionKind
 from autoscaler.runtime.demo_report import (
     Sample,
+    first_ready_after_rise,
     locust_p99_history,
     plot_timeline,
     reaction_windows,
@@ -296,6 +297,10 @@ def _report(results: Path, rec: Recorder, ctl: LocalController, windows, locust_
     client_p99 = locust_p99_history(results / "locust" / "locust_stats_history.csv")
     png = plot_timeline(rec.samples, ctl.slo_p99_ms, windows, results / "timeline.png", client_p99)
     summary = summarize(rec.samples, verdict, windows, rec.decisions, rec.events)
+    summary["hot_model"] = rec.script.hot
+    summary["rise_at_s"] = rec.script.rise_at_s
+    summary["first_new_replica_ready_after_rise_s"] = first_ready_after_rise(rec.samples, rec.script.hot,
+                                                                             rec.script.rise_at_s)
     summary["locust_exit_code"] = locust_rc
     summary["actions"] = dict(Counter(e.split()[1] for e in rec.events))
     (results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

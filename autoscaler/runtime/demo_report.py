@@ -161,6 +161,31 @@ def plot_timeline(samples: Sequence[Sample], slo_ms: Mapping[str, float], window
     return out
 
 
+def first_ready_after_rise(samples: Sequence[Sample], model: str, rise_at_s: float) -> float | None:
+    """Seconds from ``rise_at_s`` until ``model`` first has more READY replicas than it had
+    at the rise (one-second samples, so within 1 s); None: no new replica became ready."""
+    before = [s for s in samples if s.t_s <= rise_at_s]
+    if not before:
+        return None
+    n0 = sum(before[-1].replicas.get(model, {}).values())
+    for s in samples:
+        if s.t_s > rise_at_s and sum(s.replicas.get(model, {}).values()) > n0:
+            return round(s.t_s - rise_at_s, 1)
+    return None
+
+
+def p99_over_slo(checks: Sequence[Mapping]) -> dict[str, float]:
+    """Per model, the client-side p99 outside the reaction windows over its SLO (locust's checks)."""
+    out: dict[str, float] = {}
+    for c in checks:
+        try:
+            if c.get("metric") == "p99_ms" and float(c["target"]) > 0:
+                out[str(c["model"])] = round(float(c["actual"]) / float(c["target"]), 3)
+        except (KeyError, TypeError, ValueError):
+            continue  # a check without a number (no requests) has no ratio
+    return out
+
+
 def summarize(samples: Sequence[Sample], slo_verdict: Mapping | None, windows: Sequence[tuple[float, float]],
               decisions: int, scale_events: Sequence[str]) -> dict:
     used, static = slice_hours(samples)
@@ -173,6 +198,7 @@ def summarize(samples: Sequence[Sample], slo_verdict: Mapping | None, windows: S
     return {
         "slo_met_outside_reaction_windows": bool(slo_verdict and slo_verdict.get("passed")),
         "slo_checks": checks,
+        "p99_over_slo_outside_windows": p99_over_slo(checks),
         "reaction_windows_s": [list(w) for w in windows],
         "slice_hours_used": round(used, 4),
         "slice_hours_static_peak": round(static, 4),
@@ -190,6 +216,12 @@ def summary_markdown(summary: Mapping) -> str:
     lines.append(f"**SLO outside the reaction windows: {verdict}**  ")
     wins = ", ".join(f"{a:.0f}-{b:.0f} s" for a, b in summary["reaction_windows_s"]) or "none"
     lines.append(f"reaction windows (not judged): {wins}")
+    if summary.get("first_new_replica_ready_after_rise_s") is not None:
+        lines.append(f"first new {summary.get('hot_model')} replica ready "
+                     f"{summary['first_new_replica_ready_after_rise_s']:g} s after the rise  ")
+    ratios = summary.get("p99_over_slo_outside_windows") or {}
+    if ratios:
+        lines.append("p99 / SLO outside the windows: " + ", ".join(f"{m} {r:.2f}" for m, r in sorted(ratios.items())))
     lines.append("")
     lines.append("| model | metric | target | measured | ok |")
     lines.append("|---|---|---|---|---|")

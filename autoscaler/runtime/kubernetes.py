@@ -45,11 +45,13 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 from autoscaler.act.kubernetes.backend import KubernetesBackend
+from autoscaler.act.kubernetes.render import OwnerRef
 from autoscaler.api.app import create_app
 from autoscaler.api.server import ServerHandle, serve_in_thread
 from autoscaler.api.state import ApiState
@@ -64,10 +66,15 @@ from autoscaler.protocols import MetricsSource
 log = logging.getLogger("migscale.controller")
 
 
+_NO_MODELS = SimpleNamespace(models=())
+
+
 @dataclass(frozen=True)
 class ModelSet:
     specs: tuple[ModelSpec, ...]
     slo_p99_ms: Mapping[str, float]
+    namespaces: Mapping[str, str] = field(default_factory=dict)  # model -> its namespace (else cluster.yaml's)
+    owners: Mapping[str, OwnerRef] = field(default_factory=dict)  # model -> the object owning its workloads
 
 
 class ModelSource(Protocol):
@@ -149,7 +156,8 @@ class KubernetesController:
         self.source = source
         self.clock = clock or WallClock()
         self.identity = identity or (self.elector.identity if self.elector is not None else "migscale")
-        self.policy = policy_config(models_cfg, cluster_cfg)
+        # models_cfg None: every model comes from model_source (MigModels), none from models.yaml
+        self.policy = policy_config(models_cfg if models_cfg is not None else _NO_MODELS, cluster_cfg)
         self.model_source = model_source or StaticModels(
             ModelSet(tuple(self.policy.models), dict(self.policy.slo_p99_ms)))
         self.models: ModelSet | None = None
@@ -212,7 +220,7 @@ class KubernetesController:
             return
         self.models = ms
         self.loop.config = replace(self.loop.config, models=tuple(ms.specs), slo_p99_ms=dict(ms.slo_p99_ms))
-        self.backend.set_models(ms.specs)
+        self.backend.set_models(ms.specs, ms.namespaces, ms.owners)
         log.info("serving %d models: %s", len(ms.specs), ", ".join(m.name for m in ms.specs))
 
     def before_tick(self) -> None:
@@ -238,6 +246,9 @@ class KubernetesController:
         if result.plan is not None:
             self._last_plan = result.plan
         self.publish(result)
+        after = getattr(self.model_source, "after_tick", None)
+        if after is not None:  # a source that reports back on its objects (MigModel status)
+            after(self, result)
         if self.on_result is not None:
             self.on_result(result)
 
@@ -328,5 +339,8 @@ class KubernetesController:
             if self.api is not None:
                 self.api.stop()
                 self.api = None
+            closer = getattr(self.model_source, "close", None)
+            if closer is not None:  # a watching source (MigModels) stops its informers
+                closer()
             self.backend.close()
             self.backend.rest.close()

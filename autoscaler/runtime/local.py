@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from autoscaler.act.local.cluster import LocalCluster
 from autoscaler.act.local.pids import write_json_atomic
@@ -36,6 +37,7 @@ from autoscaler.clock import Clock, WallClock
 from autoscaler.config import ClusterConfig, ModelsConfig, model_specs, policy_config
 from autoscaler.driver import Driver, Hooks
 from autoscaler.loop import ControlLoop, TickResult
+from autoscaler.observe.fast import FastScrape, WithFast
 from autoscaler.observe.prometheus import PrometheusSource
 from autoscaler.observe.scrape import ScrapeSource
 from autoscaler.policy.types import ReplicaState
@@ -46,6 +48,11 @@ log = logging.getLogger("migscale.local")
 
 # The local backend's emulated repartition takes no time (see act/local/cluster.py).
 LOCAL_REPARTITION_S = 0.0
+# A local tritonserver replica serves ~1.5-2 s after it is started (benchmarks/local_cluster.py).
+LOCAL_REPLICA_START_S = 2.0
+# The burst layer's window over the 1 s direct scrapes: three samples, so one
+# slow scrape does not blank it, and a step shows fully within 3 s.
+FAST_WINDOW_S = 3.0
 
 
 class LocalController:
@@ -68,7 +75,8 @@ class LocalController:
         self.specs = model_specs(models_cfg, cluster_cfg)
         # Emulated MIG: a repartition rewrites a declared layout at once, so the
         # planner may cut the most efficient slices even in a burst (no fast path).
-        self.policy = policy_config(models_cfg, cluster_cfg, repartition_s=LOCAL_REPARTITION_S)
+        self.policy = policy_config(models_cfg, cluster_cfg, repartition_s=LOCAL_REPARTITION_S,
+                                    replica_start_s=LOCAL_REPLICA_START_S)
         self.slo_p99_ms = {m.name: float(m.slo.p99_ms) for m in models_cfg.models}
         self.tick_s = float(cluster_cfg.policy.tick_s)
         # Three missed ticks (15 s at a 5 s tick): one slow or failed tick is still
@@ -83,28 +91,32 @@ class LocalController:
         # samples at a 2 s scrape, short enough to see a spike within a tick or two.
         self.window_s = window_s or max(10.0, 3 * float(cluster_cfg.policy.tick_s))
         self._tick_lock = threading.Lock()
+        self.fast = FastScrape(self._targets, window_s=FAST_WINDOW_S)
         self._tick_s: float | None = None  # last tick's duration, for /metrics
 
     # ------------------------------------------------------------ wiring
+    def _targets(self) -> dict[str, tuple[str, str]]:
+        return {
+            r.id: (r.model, r.process.url_metrics)
+            for r in self.cluster.replicas()
+            if r.state is ReplicaState.READY
+        }
+
     def _source(self):
         c = self.cluster
         stale = float(self.cluster_cfg.policy.metrics_stale_s)
         if c.prometheus_url:
-            # After a Prometheus restart its windows are partial: hold until it has scraped a
-            # whole long window (act/local/prometheus.py says what happened without this).
+            # After a Prometheus restart (or a full disk) its windows are partial: hold until it
+            # has scraped a whole long window (act/local/prometheus.py says what happened without this).
             c.prom.warm_s = max(self.window_s, float(self.cluster_cfg.policy.long_window_s)) + 2 * SCRAPE_INTERVAL_S
-            return HoldWhileWarming(
+            main = HoldWhileWarming(
                 PrometheusSource(c.prometheus_url, window_s=self.window_s, metrics_stale_s=stale), c.prom)
-
-        def targets() -> dict[str, tuple[str, str]]:
-            return {
-                r.id: (r.model, r.process.url_metrics)
-                for r in c.replicas()
-                if r.state is ReplicaState.READY
-            }
-
-        return ScrapeSource(targets, window_s=self.window_s, long_window_s=2 * self.window_s,
-                            metrics_stale_s=stale)
+        else:
+            main = ScrapeSource(self._targets, window_s=self.window_s, long_window_s=2 * self.window_s,
+                                metrics_stale_s=stale)
+        # The burst layer's signals: every replica scraped each second (the idle
+        # hook), rates over the last 3 s -- a rise shows within 1-3 s.
+        return WithFast(main, self.fast)
 
     def start_api(self) -> ServerHandle:
         app = create_app(self.api_state)
@@ -162,8 +174,13 @@ class LocalController:
 
     def build_driver(self, idle: Callable[[], None] | None = None) -> Driver:
         """The run loop around ``tick``; the metrics API follows its health."""
+        def every_second() -> None:
+            self.fast.sample(self.clock.now())
+            if idle is not None:
+                idle()
+
         self.driver = Driver(self, self.clock, tick_s=self.tick_s, max_snapshot_age_s=self.max_age_s,
-                             slice_s=STATUS_EVERY_S, hooks=Hooks(idle=idle))
+                             slice_s=STATUS_EVERY_S, hooks=Hooks(idle=every_second))
         self.api_state.health = self.driver.health
         return self.driver
 
@@ -196,6 +213,7 @@ def run_controller(
     controller: LocalController | None = None,
     *,
     say: Callable[[str], None] = print,
+    live: Any = None,
 ) -> None:
     """Start the stack, place min_replicas, run until ``stop`` is set, stop everything.
 
@@ -203,6 +221,8 @@ def run_controller(
     loads, rewrite ``run_dir/status.json`` atomically and print new lifecycle
     events; every ``policy.tick_s`` (longer while the loop backs off) a tick of
     ``controller``'s control loop. Without a controller only the supervision runs.
+    ``live`` (``live_models.LiveModels``): each second, take a model set
+    ``migscale apply`` handed over into force before the next tick.
     """
     status_path = cluster.run_dir / "status.json"
     try:
@@ -211,7 +231,7 @@ def run_controller(
         say(f"front door:  {cluster.frontdoor_url}")
         say(f"metrics API: {cluster.metrics_api_url}")
         say(cluster.prom.banner())
-        _write_status(cluster, status_path)
+        _write_status(cluster, status_path, live)
         first = initial_actions(models_cfg, cluster_cfg, cluster.snapshot(), now_s=cluster.clock.now())
         for err in cluster.apply(first):
             say(f"warning: {err}")
@@ -220,8 +240,10 @@ def run_controller(
         seen = [cluster.events_total]
 
         def idle() -> None:
+            if live is not None:
+                live.poll()
             cluster.refresh_loads()
-            _write_status(cluster, status_path)
+            _write_status(cluster, status_path, live)
             new, seen[0] = cluster.events_since(seen[0])
             for e in new:
                 say(e)
@@ -245,9 +267,12 @@ def run_controller(
         status_path.unlink(missing_ok=True)
 
 
-def _write_status(cluster: LocalCluster, path: Path) -> None:
+def _write_status(cluster: LocalCluster, path: Path, live: Any = None) -> None:
+    doc = cluster.status(controller_pid=os.getpid())
+    if live is not None:
+        doc["config"] = live.describe()
     try:
-        write_json_atomic(path, cluster.status(controller_pid=os.getpid()))
+        write_json_atomic(path, doc)
         _status_errors.clear()
     except OSError as e:
         # Disk full: `migscale status` reads a stale file for a while; the stack keeps serving.

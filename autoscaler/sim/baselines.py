@@ -17,6 +17,8 @@ compares policies, not simulators. The HPA arithmetic is the production
   perfect packing (fractional slices of each model's most efficient profile,
   continuous), zero delays. It bounds every policy that serves the demand at
   its SLO capacity; a policy that under-provisions can of course use less.
+  Held to the fleet's GPUs (``oracle_capped``) it misses where the fleet is
+  truly too small, and its attainment is then the ceiling for every policy.
 - ``reactive_frontier``: not a policy but a second bound, priced like the
   oracle: the GPU-hours a rule that only reacts (capacity = (1 + h) x the
   demand max it saw over a window, ``lag_s`` late) needs per attainment
@@ -98,6 +100,44 @@ def oracle_hours(
     slices = oracle_slices(specs, demand_rps, product)
     per_gpu = get_product(product).compute_slices
     return float(slices.sum() * step_s / per_gpu / 3600.0), float(slices.sum() * step_s / 3600.0)
+
+
+def oracle_capped(
+    specs: Sequence[ModelSpec], demand_rps: np.ndarray, product: str, max_slices: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The oracle held to the fleet: ``(slices per step, req/s served per model and step)``.
+
+    Where the uncapped oracle needs more than ``max_slices`` compute slices (16
+    GPUs x 7 = 112), it serves as many requests as the fleet can: every
+    model's floor first (its min_replicas, as any policy must keep them), then
+    the rest of the fleet to the models that serve the most req/s per slice.
+    That order maximises requests served per step, so its attainment is an
+    upper bound on any policy's with these GPUs (fractional slices, no
+    delays) -- a fleet that is truly too small shows as the oracle missing
+    too. Below the cap it is exactly ``oracle_slices``.
+    """
+    eff, floor = slice_rates(specs, product)
+    d = np.asarray(demand_rps, dtype=float)
+    need = np.maximum(d / eff[:, None], floor[:, None])  # (models, steps)
+    total = need.sum(axis=0)
+    served = d.copy()
+    over = total > max_slices + 1e-9
+    if not over.any():
+        return total, served
+    fl = np.minimum(need[:, over], floor[:, None])
+    # floors first (scaled down if even they do not fit), then by efficiency
+    fscale = np.minimum(1.0, max_slices / np.maximum(fl.sum(axis=0), 1e-12))
+    alloc = fl * fscale
+    left = max_slices - alloc.sum(axis=0)
+    extra = need[:, over] - fl
+    for i in np.argsort(-eff, kind="stable"):
+        give = np.minimum(extra[i], np.maximum(left, 0.0))
+        alloc[i] += give
+        left = left - give
+    served[:, over] = np.minimum(d[:, over], alloc * eff[:, None])
+    slices = total.copy()
+    slices[over] = alloc.sum(axis=0)
+    return slices, served
 
 
 # ------------------------------------------------------------------ reactive bound

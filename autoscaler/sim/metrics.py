@@ -3,7 +3,9 @@
 Place in the loop: the simulator's Prometheus. ``read(now)`` reports window
 averages over ``[now - scrape_delay_s - metrics_window_s, now - scrape_delay_s]``
 from the per-step history ``SimCluster.advance`` records: what a Prometheus
-``rate(...[30s])`` evaluated on 15 s-old samples would say.
+``rate(...[30s])`` evaluated on 15 s-old samples would say. Each model's
+signals also carry ``fast``: the last step as a 1-2 s direct scrape of the
+replicas sees it (``SimConfig.fast_window_s``; None turns it off).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from autoscaler.policy.types import ModelSignals, ReplicaSignals
+from autoscaler.policy.types import FastSignals, ModelSignals, ReplicaSignals
 from autoscaler.sim import queueing as q
 
 
@@ -21,17 +23,54 @@ class SimMetrics:
 
     # ------------------------------------------------------------ MetricsSource
 
-    def _window(self, now_s: float) -> tuple[int, int, float] | None:
-        """History steps [k0, k1) inside the scrape window ending ``scrape_delay_s`` ago."""
+    def _window(self, now_s: float, delay_s: float | None = None, window_s: float | None = None
+                ) -> tuple[int, int, float] | None:
+        """History steps [k0, k1) inside the window of ``window_s`` (the scrape window)
+        ending ``delay_s`` (the scrape delay) ago."""
         if not self.t:
             return None
+        delay = self.config.scrape_delay_s if delay_s is None else delay_s
+        width = self.config.metrics_window_s if window_s is None else window_s
         t0, step = self.t[0], self.config.step_s
-        end = now_s - self.config.scrape_delay_s
+        end = now_s - delay
         k1 = min(math.floor((end - t0) / step + 1e-9), len(self.t))
-        k0 = max(math.ceil((end - self.config.metrics_window_s - t0) / step - 1e-9), 0)
+        k0 = max(math.ceil((end - width - t0) / step - 1e-9), 0)
         if k1 <= k0:
             return None
         return k0, k1, t0 + k1 * step
+
+    def _fast(self, now_s: float) -> list[FastSignals | None] | None:
+        """Per model, the burst layer's signals: what a 1-2 s direct scrape of the replicas
+        shows over the last ``fast_window_s``. Arrivals are inferred as a scraper must:
+        completions + failures + the growth of the queue (no arrival counter exists)."""
+        cfg = self.config
+        if cfg.fast_window_s is None:
+            return None
+        w = self._window(now_s, cfg.fast_delay_s, cfg.fast_window_s)
+        if w is None:
+            return None
+        k0, k1, t_end = w
+        span = (k1 - k0) * cfg.step_s
+        c = self._cum
+        done = c["done"][k1] - c["done"][k0]
+        fail = c["fail"][k1] - c["fail"][k0]
+        wait = c["wait"][k1] - c["wait"][k0]
+        comp = c["comp"][k1] - c["comp"][k0]
+        arr = c["arr"][k1] - c["arr"][k0]
+        p1 = self.pending[k1 - 1]
+        p0 = self.pending[k0 - 1] if k0 > 0 else p1 * 0.0
+        out: list[FastSignals | None] = []
+        for i in range(len(self.models)):
+            served = arr[i] - fail[i]
+            out.append(FastSignals(
+                t_s=t_end, window_s=span,
+                arrival_rps=max(0.0, float((done[i] + fail[i] + (p1[i] - p0[i])) / span)),
+                completed_rps=float(done[i] / span),
+                pending=float(p1[i]),
+                avg_queue_ms=float(wait[i] / served * 1000.0) if served > 0 else None,
+                avg_compute_ms=float(comp[i] / served * 1000.0) if served > 0 else None,
+            ))
+        return out
 
     def read(
         self, models: Sequence[str], replicas: Sequence[str], now_s: float
@@ -43,6 +82,7 @@ class SimMetrics:
             return {m: None for m in models}, out_r
         k0, k1, t_end = w
         span = (k1 - k0) * self.config.step_s
+        fast = self._fast(now_s)
         c = self._cum
         d = {key: c[key][k1] - c[key][k0] for key in c}
         for m in models:
@@ -74,6 +114,7 @@ class SimMetrics:
                 p99_ms=p99,
                 pending=float(self.pending[k1 - 1][i]),
                 ready_replicas=int(self.ready_count[k1 - 1][i]),
+                fast=fast[i] if fast is not None else None,
             )
         for rid in replicas:
             r = self._reps.get(rid)

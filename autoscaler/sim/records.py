@@ -21,6 +21,13 @@ class SimConfig:
     repartition_delay_s: float = 180.0
     scrape_delay_s: float = 15.0
     metrics_window_s: float = 30.0
+    # The burst layer's direct scrape of the replicas (every 1-2 s on a real
+    # backend): the last ``fast_window_s`` of history, ``fast_delay_s`` late.
+    # One 5 s step is the simulator's resolution, so the freshest fast sample
+    # covers the step that just ended. None: the backend has no fast path
+    # (Kubernetes through Prometheus) and ``read`` reports no fast signals.
+    fast_window_s: float | None = 5.0
+    fast_delay_s: float = 0.0
     # A request queued longer than this is dropped (client/Triton timeout): it
     # counts as an SLO miss but does not hold the queue up forever. 30 s at
     # 300 req/s caps a replica's backlog at ~9,000 requests.
@@ -36,12 +43,14 @@ class SimConfig:
     wait_ready_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
+        if self.fast_window_s is not None and not (math.isfinite(self.fast_window_s) and self.fast_window_s > 0):
+            raise ValueError(f"fast_window_s: must be > 0 or None, got {self.fast_window_s!r}")
         for name in ("step_s", "metrics_window_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{name}: must be > 0, got {v!r}")
         for name in ("start_delay_s", "drain_s", "repartition_delay_s", "scrape_delay_s", "queue_timeout_s",
-                     "wait_ready_timeout_s"):
+                     "wait_ready_timeout_s", "fast_delay_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name}: must be >= 0, got {v!r}")

@@ -108,6 +108,7 @@ def simulate(
     sim: SimConfig | None = None,
     warmup_s: float = 1800.0,
     policy_overrides: Mapping[str, Any] | None = None,
+    baseline_target: float | None = None,
 ) -> Result:
     """Simulate from config objects (``config.load_models`` / ``config.load_cluster``).
 
@@ -119,11 +120,15 @@ def simulate(
 
     specs = model_specs(models_cfg, cluster_cfg)
     slo = {m.name: float(m.slo.p99_ms) for m in models_cfg.models}
-    # the policy knows how long this world's repartitions take (its fast path depends on it)
-    reparts = (sim or SimConfig()).repartition_delay_s
-    pcfg = policy_config(models_cfg, cluster_cfg, **{"repartition_s": reparts, **dict(policy_overrides or {})})
+    # the policy knows how long this world's repartitions and starts take (its fast path and
+    # its reaction horizon depend on them)
+    world = sim or SimConfig()
+    pcfg = policy_config(models_cfg, cluster_cfg, **{"repartition_s": world.repartition_delay_s,
+                                                     "replica_start_s": world.start_delay_s,
+                                                     **dict(policy_overrides or {})})
     return simulate_specs(specs, slo, initial_cluster_state(cluster_cfg), pcfg, trace, policy_name,
-                          step_s, sim=sim, warmup_s=warmup_s, service_rps=measured_service_rates(models_cfg))
+                          step_s, sim=sim, warmup_s=warmup_s, service_rps=measured_service_rates(models_cfg),
+                          baseline_target=baseline_target)
 
 
 def simulate_specs(
@@ -139,7 +144,10 @@ def simulate_specs(
     warmup_s: float = 1800.0,
     planner: Any = None,
     service_rps: Mapping[str, Mapping[str, float]] | None = None,
+    baseline_target: float | None = None,
 ) -> Result:
+    """``baseline_target``: the HPA baselines' target value (None: NVIDIA's reference
+    queue:compute ratio 1, or 70% utilisation), the knob their frontier varies."""
     if policy_name not in POLICIES:
         raise SimError(f"policy: must be one of {', '.join(POLICIES)}, got {policy_name!r}")
     if not (math.isfinite(step_s) and step_s > 0):
@@ -163,7 +171,7 @@ def simulate_specs(
         if s.name in trace.models:
             demand[i] = grid[trace.index(s.name)]
     if policy_name == "oracle":
-        return _oracle(specs, demand, step_s, product)
+        return _oracle(specs, demand, step_s, product, len(gpus))
     wall0 = time.perf_counter()
     peak = {s.name: float(demand[i].max()) for i, s in enumerate(specs)}
     tick_s = float(getattr(policy_cfg, "tick_s", 15.0))
@@ -177,7 +185,7 @@ def simulate_specs(
         state = ClusterState(tuple(replace(g, layout=layouts[g.id]) for g in gpus), ())
         cfg = bl.HpaBaselineConfig(
             metric="queue_compute" if policy_name == "hpa-queue" else "utilization",
-            target=1.0 if policy_name == "hpa-queue" else 0.7,
+            target=baseline_target if baseline_target is not None else (1.0 if policy_name == "hpa-queue" else 0.7),
             profiles=profiles,
         )
         tick_s = cfg.sync_s
@@ -308,16 +316,22 @@ def _static_peak_state(specs: Sequence[ModelSpec], peak: Mapping[str, float], gp
 # ------------------------------------------------------------------ scoring
 
 
-def _oracle(specs: Sequence[ModelSpec], demand: np.ndarray, step_s: float, product: str) -> Result:
-    gh, sh = bl.oracle_hours(specs, demand, step_s, product)
-    slices = bl.oracle_slices(specs, demand, product)
+def _oracle(specs: Sequence[ModelSpec], demand: np.ndarray, step_s: float, product: str, n_gpus: int) -> Result:
+    """The oracle bound, held to the fleet's ``n_gpus`` (it misses only where the fleet is too small)."""
     per_gpu = get_product(product).compute_slices
+    slices, served = bl.oracle_capped(specs, demand, product, n_gpus * per_gpu)
     n = demand.shape[1]
+    tot = float(demand.sum())
+    per_model = {s.name: (float(served[i].sum() / demand[i].sum()) if demand[i].sum() > 0 else 1.0)
+                 for i, s in enumerate(specs)}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        att = np.where(demand > 0, served / np.where(demand > 0, demand, 1), np.nan)
     tl = Timeline(t_s=np.arange(n) * step_s, models=tuple(s.name for s in specs), demand_rps=demand,
-                  capacity_rps=demand, p99_ms=np.full(demand.shape, np.nan), slo_ms=np.full(len(specs), np.nan),
-                  attainment=np.ones(demand.shape), gpus_in_use=slices / per_gpu, slices_in_use=slices)
-    return Result("oracle", 1.0, {s.name: 1.0 for s in specs}, gh, sh, 0, 0.0,
-                  math.ceil(float(slices.max()) / per_gpu), timeline=tl)
+                  capacity_rps=served, p99_ms=np.full(demand.shape, np.nan), slo_ms=np.full(len(specs), np.nan),
+                  attainment=att, gpus_in_use=slices / per_gpu, slices_in_use=slices)
+    sh = float(slices.sum() * step_s / 3600.0)
+    return Result("oracle", float(served.sum()) / tot if tot > 0 else 1.0, per_model, sh / per_gpu, sh, 0, 0.0,
+                  math.ceil(float(slices.max()) / per_gpu - 1e-9), timeline=tl)
 
 
 def _score(policy: str, specs: Sequence[ModelSpec], slo_ms: Mapping[str, float], c: SimCluster,

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from crdschema import validate_crd_object
+from crdschema import own_admission, validate_crd_object
 from emulated import EmulatedCluster
 from fakeapi import FakeKube
 
@@ -20,7 +20,7 @@ from autoscaler.act.kubernetes.client import KubeRest
 @pytest.fixture
 def fake() -> Iterator[FakeKube]:
     """The API server alone (no controllers): objects change only when a test writes them."""
-    server = FakeKube(version="1.30", crd_validator=validate_crd_object, bookmark_s=0.1)
+    server = FakeKube(version="1.30", crd_validator=validate_crd_object, crds=own_admission(), bookmark_s=0.1)
     url = server.serve()
     server.url = url  # type: ignore[attr-defined]
     try:

@@ -94,3 +94,22 @@ def validate_any(obj: dict) -> list[str]:
         return validate_crd_object(obj)
     except kubernetes_validate.ValidationError as exc:
         return [f"{obj.get('kind')} {obj.get('metadata', {}).get('name')}: {exc.message}"]
+
+
+@lru_cache(maxsize=1)
+def _own_validators() -> dict[tuple[str, str], Any]:
+    from crdvalidate import CrdValidator
+
+    out: dict[tuple[str, str], Any] = {}
+    for path in OWN_CRDS:
+        for crd in yaml.safe_load_all(path.read_text()):
+            if crd and crd.get("kind") == "CustomResourceDefinition":
+                for v in crd["spec"]["versions"]:
+                    out[(f"{crd['spec']['group']}/{v['name']}", crd["spec"]["names"]["kind"])] = CrdValidator(crd, v["name"])
+    return out
+
+
+def own_admission() -> dict[tuple[str, str], Any]:
+    """(apiVersion, kind) -> CrdValidator for migscale's own CRDs as checked in (what ``kubectl apply -k`` installs):
+    the emulated API server admits those objects with their schema, defaults and CEL rules."""
+    return dict(_own_validators())

@@ -20,7 +20,7 @@ from controllers import (
     Kubelet,
     ReplicaSetController,
 )
-from crdschema import validate_crd_object
+from crdschema import own_admission, validate_crd_object
 from fakeapi import FakeKube
 from gpu_operator import MigManager, gpu_node
 from hpa_emulation import HpaController
@@ -41,7 +41,7 @@ class EmulatedCluster:
         validate: bool = True,
     ) -> None:
         self.fake = FakeKube(crd_validator=validate_crd_object if validate else None, bookmark_s=bookmark_s,
-                             graceful_pods=True)
+                             graceful_pods=True, crds=own_admission() if validate else None)
         self.kubelet = Kubelet(self.fake, ready_delay_s=ready_delay_s, stop_s=stop_s)
         self.mig = MigManager(self.fake, delay_s=mig_delay_s)
         self.hpa: HpaController | None = None

@@ -11,7 +11,13 @@ over several files.
 - **Store**: objects keyed by (group, plural, namespace, name); one global
   resourceVersion; ``generation`` bumped on spec changes; server-side
   defaulting before validation (``fakesem``); built-in kinds validated with
-  kubernetes-validate (422 Invalid), CRD kinds with the stored CRD schemas.
+  kubernetes-validate (422 Invalid), CRD kinds with the stored CRD schemas;
+  kinds given in ``crds`` (migscale's MigModel) are admitted as the API
+  server admits a custom resource: pruned, defaulted, structural schema and
+  CEL rules (``crdvalidate.py``), 422 Invalid with one ``details.causes``
+  entry per field, unknown fields 400 under ``fieldValidation=Strict``.
+- **Views**: ``views`` answer what the REST verbs do not (discovery, the
+  OpenAPI document and Tables the real ``kubectl`` asks for: ``kubectl_views.py``).
 - **Verbs**: create (409 AlreadyExists), get/replace/patch/delete of a
   missing object (404), replace or patch with a stale
   ``metadata.resourceVersion`` (409 Conflict), JSON merge patch (strategic
@@ -99,6 +105,7 @@ RESOURCES: dict[tuple[str, str], Res] = {
     ("events.k8s.io", "events"): Res("Event", True),
     ("monitoring.coreos.com", "podmonitors"): Res("PodMonitor", True),
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): Res("LeaderWorkerSet", True, status=True, scale=True),
+    ("migscale.io", "migmodels"): Res("MigModel", True, status=True),
 }
 KIND_TO_RES = {(g, r.kind): (g, p) for (g, p), r in RESOURCES.items() if not (g == "" and r.kind == "Event")}
 
@@ -168,6 +175,7 @@ class FakeKube:
         version: str = "1.30",
         crd_validator: Callable[[Obj], list[str]] | None = None,
         *,
+        crds: dict[tuple[str, str], Any] | None = None,
         history: int = 2000,
         bookmark_s: float = 60.0,
         graceful_pods: bool = False,
@@ -175,6 +183,8 @@ class FakeKube:
     ) -> None:
         self.version = version
         self.crd_validator = crd_validator
+        # (apiVersion, kind) -> a crdvalidate.CrdValidator: structural schema, defaults and CEL rules
+        self.crds = dict(crds or {})
         self.history = history
         self.bookmark_s = bookmark_s
         self.graceful_pods = graceful_pods
@@ -192,6 +202,9 @@ class FakeKube:
         self.blocked_evictions: set[str] = set()
         self.fail_next: list[tuple[str, str, int]] = []  # (method, path-substring, code), each once
         self.before: list[Callable[[str, str], None]] = []  # called before a request is handled
+        # (server, method, path, Accept) -> (code, body) or None: answers beyond the REST verbs
+        # (discovery, Tables for kubectl: kubectl_views.py)
+        self.views: list[Callable[[FakeKube, str, str, str], tuple[int, Obj] | None]] = []
         self._rv = 0
         self._ips = [0]
         self.lock = threading.RLock()
@@ -216,7 +229,37 @@ class FakeKube:
         meta = obj["metadata"]
         return (g, p, meta.get("namespace", "default") if RESOURCES[(g, p)].namespaced else None, meta["name"])
 
+    def admit_custom(self, obj: Obj, field_validation: str = "Strict") -> Obj:
+        """A custom resource as the API server stores it: pruned and defaulted, or 422 Invalid.
+
+        Unknown fields fail the request only under ``fieldValidation=Strict``
+        (what kubectl sends; 400 BadRequest), else they are pruned. Any other
+        problem is 422 Invalid with one cause per field, as the API server's
+        Status ``details.causes`` lists them.
+        """
+        v = self.crds.get((obj.get("apiVersion", ""), obj.get("kind", "")))
+        if v is None:
+            return obj
+        problems = v.validate(obj)
+        unknown = [p for p in problems if ": unknown field, got " in p]
+        name = (obj.get("metadata") or {}).get("name")
+        what = f'{obj["kind"]}.{obj["apiVersion"].partition("/")[0]} "{name}"'
+        if unknown and field_validation == "Strict":
+            raise ApiError(400, "BadRequest", f"strict decoding error: {'; '.join(unknown)}")
+        rest = [p for p in problems if p not in unknown]
+        if rest:
+            causes = [{"reason": "FieldValueInvalid", "field": p.partition(": ")[0], "message": p.partition(": ")[2]}
+                      for p in rest]
+            details = {"name": name, "group": obj["apiVersion"].partition("/")[0], "kind": obj["kind"],
+                       "causes": causes}
+            raise ApiError(422, "Invalid", f"{what} is invalid: {'; '.join(rest)}", details)
+        stored = v.default(obj)
+        stored["metadata"] = obj["metadata"]  # ObjectMeta is the API server's own, never pruned by a CRD schema
+        return stored
+
     def validate(self, obj: Obj) -> None:
+        if (obj.get("apiVersion", ""), obj.get("kind", "")) in self.crds:
+            return  # admitted by admit_custom (schema, defaults, CEL)
         try:
             kubernetes_validate.validate(obj, self.version, strict=True)
         except kubernetes_validate.SchemaNotFoundError:
@@ -323,7 +366,8 @@ class FakeKube:
 
     # ------------------------------------------------------------ writes (REST and controllers)
 
-    def create_obj(self, obj: Obj, manager: str = "test", *, validate: bool = True) -> Obj:
+    def create_obj(self, obj: Obj, manager: str = "test", *, validate: bool = True,
+                   field_validation: str = "Strict") -> Obj:
         with self.lock:
             meta = obj.setdefault("metadata", {})
             if not meta.get("name") and meta.get("generateName"):
@@ -339,6 +383,8 @@ class FakeKube:
                 raise ApiError(422, "Invalid", "metadata.resourceVersion: must not be set on create")
             apply_defaults(obj, self._ips)
             if validate:
+                obj = self.admit_custom(obj, field_validation)
+                meta = obj["metadata"]
                 self.validate(obj)
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = iso(self.now())
@@ -349,7 +395,7 @@ class FakeKube:
             return copy_obj(obj)
 
     def update_obj(self, obj: Obj, manager: str = "test", *, sub: str | None = None, check_rv: bool = True,
-                   validate: bool = True) -> Obj:
+                   validate: bool = True, field_validation: str = "Strict") -> Obj:
         """PUT semantics: main resource (status kept) or ``sub='status'`` (only status changes)."""
         with self.lock:
             key = self.key_of(obj)
@@ -363,6 +409,8 @@ class FakeKube:
             if sub == "status":
                 new = copy_obj(current)
                 new["status"] = copy_obj(obj.get("status") or {})
+                if validate:
+                    new = self.admit_custom(new, field_validation)
             else:
                 new = copy_obj(obj)
                 meta = new.setdefault("metadata", {})
@@ -378,6 +426,8 @@ class FakeKube:
                         new.pop("status", None)
                 apply_defaults(new, self._ips)
                 if validate:
+                    new = self.admit_custom(new, field_validation)
+                    meta = new["metadata"]
                     self.validate(new)
                 gen = current["metadata"].get("generation", 1)
                 meta["generation"] = gen + 1 if new.get("spec") != current.get("spec") else gen
@@ -521,7 +571,7 @@ class FakeKube:
                 payload.setdefault("metadata", {})["namespace"] = ns
                 if not res.namespaced:
                     payload["metadata"].pop("namespace", None)
-                return 201, self.create_obj(payload, manager)
+                return 201, self.create_obj(payload, manager, field_validation=q.get("fieldValidation", "Warn"))
             raise ApiError(405, "MethodNotAllowed", f"{method} on a collection")
         if sub == "eviction" and method == "POST" and plural == "pods":
             return 201, self.evict(key, manager)
@@ -546,7 +596,7 @@ class FakeKube:
             if not isinstance(payload, dict) or (payload.get("metadata") or {}).get("name") != name:
                 raise ApiError(400, "BadRequest", "the name of the object does not match the name in the URL")
             payload["apiVersion"], payload["kind"] = current["apiVersion"], current["kind"]
-            return 200, self.update_obj(payload, manager, sub=sub)
+            return 200, self.update_obj(payload, manager, sub=sub, field_validation=q.get("fieldValidation", "Warn"))
         if method == "PATCH":
             if "json-patch" in ctype:
                 raise ApiError(415, "UnsupportedMediaType", "JSON patch is not supported by the emulated server")
@@ -558,7 +608,7 @@ class FakeKube:
                 patch = {"status": patch.get("status") or {}}
             merged = merge_patch(current, patch)
             merged["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-            return 200, self.update_obj(merged, manager, sub=sub)
+            return 200, self.update_obj(merged, manager, sub=sub, field_validation=q.get("fieldValidation", "Warn"))
         raise ApiError(405, "MethodNotAllowed", method)
 
     def _matches(self, obj: Obj, ns: str | None, q: dict) -> bool:
@@ -694,7 +744,10 @@ class FakeKube:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 agent = self.headers.get("User-Agent") or ""
-                code, payload = fake.handle(self.command, self.path, body, self.headers.get("Content-Type") or "", agent)
+                viewed = next((v for view in list(fake.views)
+                               if (v := view(fake, self.command, self.path, self.headers.get("Accept") or ""))), None)
+                code, payload = viewed or fake.handle(self.command, self.path, body,
+                                                      self.headers.get("Content-Type") or "", agent)
                 url = urlparse(self.path)
                 with fake.lock:
                     fake.requests.append(Request(self.command, url.path, agent, code, url.query))

@@ -402,7 +402,8 @@ def test_deployment_manifest_args_parse_with_the_real_cli():
     mounts = {m["mountPath"] for m in ours[0]["volumeMounts"]}
     assert "/tmp" in mounts  # where the cluster's client CA is written (read-only root fs)
     assert Path(p["tls_cert"]).parent.as_posix() in mounts
-    assert Path(p["models"]).parent.as_posix() in mounts and Path(p["cluster"]).parent.as_posix() in mounts
+    assert p["models"] == "-" and p["migmodels"] == "all"  # models come from MigModels in every namespace
+    assert Path(p["cluster"]).parent.as_posix() in mounts
     port = next(x["containerPort"] for x in ours[0]["ports"] if x["name"] == "https")
     assert p["port"] == port and p["host"] == "0.0.0.0"
     env = {e["name"] for e in ours[0]["env"]}

@@ -149,18 +149,23 @@ def test_rbac_allows_every_request_the_backend_sends(cluster, connect, backends)
 
     wait_until(gone, 15, "the workload to retire")
     elector.release()
+    sent = {_allowed(r.method, r.path, r.query) for r in fake.requests if r.user_agent == "migscale/ctl"}
+    assert {v for _g, _r, v, _n, _nm in sent} >= {"get", "list", "watch", "create", "update", "patch", "delete"}
+    assert not_granted(fake, "migscale/ctl") == []
+
+
+def not_granted(fake, user_agent: str) -> list[str]:
+    """Every request ``user_agent`` sent that k8s/base's Roles and ClusterRoles do not grant."""
     rules = []
     for d in _base():
         if d["kind"] in ("ClusterRole", "Role"):
             ns = d["metadata"].get("namespace") if d["kind"] == "Role" else None
             rules += [(ns, r) for r in d["rules"]]
-    sent = {_allowed(r.method, r.path, r.query) for r in fake.requests if r.user_agent == "migscale/ctl"}
-    assert {v for _g, _r, v, _n, _nm in sent} >= {"get", "list", "watch", "create", "update", "patch", "delete"}
-    for group, res, verb, ns, name in sorted(sent, key=str):
-        ok = any((rns is None or rns == ns) and group in r["apiGroups"] and res in r["resources"]
-                 and verb in r["verbs"] and (not r.get("resourceNames") or name in r["resourceNames"])
-                 for rns, r in rules)
-        assert ok, f"not granted: {verb} {group}/{res} in {ns} ({name})"
+    sent = {_allowed(r.method, r.path, r.query) for r in fake.requests if r.user_agent == user_agent}
+    return [f"{verb} {group}/{res} in {ns} ({name})" for group, res, verb, ns, name in sorted(sent, key=str)
+            if not any((rns is None or rns == ns) and group in r["apiGroups"] and res in r["resources"]
+                       and verb in r["verbs"] and (not r.get("resourceNames") or name in r["resourceNames"])
+                       for rns, r in rules)]
 
 
 def test_aggregated_api_wiring():

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from autoscaler.fakes import RecordingActuator, single_gpu_cluster, stub_planner
 from autoscaler.config import policy_config
+from autoscaler.fakes import RecordingActuator, single_gpu_cluster, stub_planner
 from autoscaler.policy.decide import PolicyConfig, PolicyState, decide, observe_only
 from autoscaler.policy.hpa import DEFAULT_SCALE_UP, ScalingRules, SelectPolicy
 from autoscaler.policy.types import (
@@ -101,18 +101,21 @@ def test_scale_down_waits_for_stabilization_window():
         config(scale_down=ScalingRules(30, SelectPolicy.MAX, DEFAULT_SCALE_UP.policies[:1])), cluster(a=4)
     )
     steady = {"b": sig("b", 100 / 1.2, 0)}
-    h.step(0, {"a": sig("a", 4 * 50 / 1.2, 0), **steady})  # recommendation 4
+    h.step(0, {"a": sig("a", 4 * 50 / 1.2, 0), **steady})  # floor 200 -> recommendation 4
+    recs = []
     for t in (5, 10, 15, 20, 25):
-        plan = h.step(t, {"a": sig("a", 40, t), **steady})  # wants 1
+        plan = h.step(t, {"a": sig("a", 40, t), **steady})  # demand fell to 40
         assert h.count("a") == 4
         assert Reason.HOLD_STABILIZATION in plan.reasons["a"]
-    # t=5 averaged 166.7 and 40 over the 10 s window -> recommendation 3, still inside at t=30
-    plan = h.step(30, {"a": sig("a", 40, 30), **steady})  # the 4 (t=0) aged out
-    assert h.count("a") == 3
-    assert Reason.HOLD_STABILIZATION in plan.reasons["a"]
-    plan = h.step(35, {"a": sig("a", 40, 35), **steady})  # the 3 (t=5) aged out
-    assert h.count("a") == 1
-    assert Reason.SCALE_DOWN_DEMAND in plan.reasons["a"]
+        recs.append(h.state.last_recommendation["a"])
+    # the forecast's level falls with a 5 s time constant (half the 10 s long window):
+    # floor 104 at t=5 (3 replicas), 68 at t=10 (2), then toward 40 x 1.2 = 48 (1)
+    assert recs == [3, 2, 2, 2, 1]
+    assert h.state.diagnostics["a"].floor_rps == pytest.approx(48, rel=0.02)
+    # each count holds until the highest recommendation of the last 30 s ages out
+    for t, want in ((30, 3), (35, 2), (45, 2), (50, 1)):
+        h.step(t, {"a": sig("a", 40, t), **steady})
+        assert h.count("a") == want, t
 
 
 def test_missing_model_holds_while_others_proceed():
@@ -367,18 +370,20 @@ def test_correction_learns_nothing_from_a_replica_ready_less_than_a_window_ago()
     assert h.state.diagnostics["a"].correction > 1.0  # steady for a short window: it learns
 
 
-def test_panic_does_not_ratchet_a_saturation_guess():
+def test_a_saturation_guess_scales_up_but_never_feeds_the_floor():
     # 100 req/s served on 100 req/s of capacity with 2000 queued: demand reads
-    # 100 + 2000 / 10 s = 300, a guess. It scales up on it but the panic does
-    # not keep it as a floor; a measured demand during the panic is kept.
+    # 100 + 2000 / 10 s = 300, a guess. Without fast signals it plays the burst
+    # layer's part: it scales up on it (no headroom on top), but the forecaster
+    # learns nothing from it, so it never becomes a floor.
     h = Harness(config(), cluster(a=2))
     b = {"b": sig("b", 100 / 1.2, 0)}
     h.step(0, {"a": sig("a", 100, 0, pending=2000.0), **b})
-    p = h.state.panic["a"]
-    assert p.panicking and p.max_required_rps == 0.0
-    assert h.state.diagnostics["a"].required_rps == pytest.approx(360.0)
-    assert h.count("a") > 2
+    d = h.state.diagnostics["a"]
+    assert d.burst_rps == pytest.approx(300.0) and d.required_rps == pytest.approx(300.0)
+    assert d.floor_rps is None and h.state.forecast["a"].t_s is None
+    assert h.count("a") == 6
+    # measured 150 req/s: the floor is 150 x 1.2, the guess is gone
     h.step(5, {"a": sig("a", 150, 5), **b})
-    assert h.state.panic["a"].panicking
-    # measured now (150 < 90% of the grown capacity): the window's (300 + 150) / 2 x 1.2 is kept
-    assert h.state.panic["a"].max_required_rps == pytest.approx(270.0)
+    d = h.state.diagnostics["a"]
+    assert d.floor_rps == pytest.approx(180.0) and d.burst_rps is None
+    assert d.required_rps == pytest.approx(180.0)

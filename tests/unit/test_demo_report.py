@@ -79,3 +79,23 @@ def test_demo_script_rises_and_falls():
     assert d.rates(0) == {"a": 10, "b": 5} and d.rates(30)["a"] == 40 and d.rates(70)["a"] == 10
     rows = d.rows()
     assert rows[0] == (0.0, "a", 10) and max(t for t, _, _ in rows) == 75.0
+
+
+def test_first_ready_after_rise_counts_ready_replicas_beyond_those_at_the_rise():
+    from autoscaler.runtime.demo_report import first_ready_after_rise
+
+    s = [Sample(t, replicas={"a": {"1g.10gb": 1, "3g.40gb": 1}}) for t in range(28)]
+    s += [Sample(t, replicas={"a": {"1g.10gb": 2, "3g.40gb": 1}}) for t in range(28, 40)]
+    assert first_ready_after_rise(s, "a", 20.0) == 8.0
+    assert first_ready_after_rise(s[:28], "a", 20.0) is None  # nothing new became ready
+    assert first_ready_after_rise(s, "a", -1.0) is None  # no sample before the rise
+
+
+def test_p99_over_slo_reads_the_p99_checks_only():
+    from autoscaler.runtime.demo_report import p99_over_slo
+
+    checks = [{"model": "a", "metric": "p99_ms", "target": 150, "actual": 96},
+              {"model": "a", "metric": "error_rate", "target": 0.0, "actual": 0.0},
+              {"model": "b", "metric": "p99_ms", "target": 200, "actual": None},
+              {"model": "c", "metric": "requests", "target": None, "actual": None}]
+    assert p99_over_slo(checks) == {"a": 0.64}

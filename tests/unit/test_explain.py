@@ -91,3 +91,16 @@ def test_explain_says_what_crash_loops_and_why(tmp_path):
     assert "a-0:" not in res.output
     out = json.loads(CliRunner().invoke(app, ["explain", "--run-dir", str(tmp_path), "--json"]).output)
     assert [r["id"] for r in out["crashloop"]] == ["a-1"] and out["crashloop_held"] == ["a"]
+
+
+def test_explain_says_where_each_models_headroom_comes_from():
+    from autoscaler.commands.explain import headroom_sentence
+
+    learned = {"headroom": 0.18, "headroom_quantile": 0.95, "headroom_samples": 240, "headroom_learned": True,
+               "horizon_s": 60.0}
+    s = headroom_sentence("resnet", learned)
+    assert "18%" in s and "95th percentile of 240 samples" in s and "60 s" in s and "0-150%" in s
+    prior = dict(learned, headroom=0.2, headroom_learned=False, headroom_samples=7)
+    assert "prior" in headroom_sentence("resnet", prior) and "7 so far" in headroom_sentence("resnet", prior)
+    assert "fixed" in headroom_sentence("resnet", dict(learned, headroom_quantile=None))
+    assert "no headroom" in headroom_sentence("resnet", {})

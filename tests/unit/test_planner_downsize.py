@@ -10,8 +10,6 @@ at least ``DOWNSIZE_MIN_SLICES`` compute slices, make-before-break.
 
 from __future__ import annotations
 
-import pytest
-
 from autoscaler.mig import Placement
 from autoscaler.policy.decide import PolicyConfig, PolicyState, decide
 from autoscaler.policy.planner import DOWNSIZE_MIN_SLICES, plan
@@ -92,9 +90,10 @@ def test_decide_asks_for_less_only_after_the_right_size_window():
     after = [v for ts, v in targets if ts >= drop_t + window + 60]
     # inside the window the 600 req/s requirement still holds the planner's target ...
     assert min(during) >= 600.0
-    # ... after it, the target is what 250 req/s needs (with headroom), below the 7g's 844
+    # ... after it, the target is what 250 req/s needs (with headroom: at most the
+    # 20% prior, learned lower on this flat load), below the 7g's 844
     assert max(after) < 844.0
-    assert max(after) == pytest.approx(250.0 * (1 + cfg.headroom), rel=0.05)
+    assert 250.0 <= max(after) <= 250.0 * (1 + cfg.headroom) * 1.1
 
 
 def test_right_sizing_off_holds_the_running_capacity():

@@ -109,9 +109,9 @@ def test_azure_like_statistics():
 
 def test_generator_rejects_bad_arguments():
     with pytest.raises(tr.TraceError) as exc:
-        tr.generate("weekly", ["Bad"], 10, seed=0, step_s=60)
+        tr.generate("monthly", ["Bad"], 10, seed=0, step_s=60)
     text = " | ".join(exc.value.problems)
-    assert "kind: must be one of" in text and "'weekly'" in text
+    assert "kind: must be one of" in text and "'monthly'" in text
     assert "'Bad' is not a DNS-1123 label" in text
     assert "duration_s: must be at least one step" in text
 

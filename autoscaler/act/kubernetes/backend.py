@@ -32,7 +32,7 @@ the scale subresource (docs/kubernetes.md, "Who owns what").
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autoscaler.act.kubernetes.client import KubeError, KubeRest
@@ -41,7 +41,7 @@ from autoscaler.act.kubernetes.informer import wait_all_synced
 from autoscaler.act.kubernetes.inventory import KubeInventory, is_ready, unschedulable
 from autoscaler.act.kubernetes.leader import LeaseElector
 from autoscaler.act.kubernetes.leader import micro_time as rfc3339
-from autoscaler.act.kubernetes.render import MODEL_LABEL, WHOLE, RenderConfig
+from autoscaler.act.kubernetes.render import MODEL_LABEL, WHOLE, OwnerRef, RenderConfig
 from autoscaler.act.kubernetes.repartition import Repartitioner
 from autoscaler.act.kubernetes.rollout import Rollout
 from autoscaler.act.kubernetes.workloads import Caches, Workloads, make_caches
@@ -68,6 +68,7 @@ class KubernetesBackend:
         retry_after_s: float = 120.0,
         sync_timeout_s: float = 30.0,
         watch_timeout_s: float = 300.0,
+        all_namespaces: bool = False,
         start: bool = True,
     ) -> None:
         self.rest = rest
@@ -76,7 +77,7 @@ class KubernetesBackend:
         self.elector = elector
         self.identity = identity
         self.sync_timeout_s = sync_timeout_s
-        self.caches = caches or make_caches(rest, cfg, watch_timeout_s=watch_timeout_s)
+        self.caches = caches or make_caches(rest, cfg, watch_timeout_s=watch_timeout_s, all_namespaces=all_namespaces)
         self.recorder = EventRecorder(rest, self.clock, instance=identity, namespace=cfg.namespace)
         self.workloads = Workloads(rest, cfg, self.clock, self.caches, self._event)
         self.inventory = KubeInventory(cfg, self.caches.nodes, self.caches.pods)
@@ -110,9 +111,17 @@ class KubernetesBackend:
     def models(self) -> dict[str, ModelSpec]:
         return self.workloads.models
 
-    def set_models(self, models: Sequence[ModelSpec]) -> None:
-        """The model set may change at run time (the model source is asked every tick)."""
+    def set_models(self, models: Sequence[ModelSpec], namespaces: Mapping[str, str] | None = None,
+                   owners: Mapping[str, OwnerRef] | None = None) -> None:
+        """The model set may change at run time (the model source is asked every tick).
+
+        ``namespaces``/``owners``: where each model's workloads go and what owns them (its MigModel).
+        """
         self.workloads.models = {m.name: m for m in models}
+        self.workloads.namespaces.update(namespaces or {})
+        for name in set(self.workloads.owners) - set(self.workloads.models):
+            del self.workloads.owners[name]
+        self.workloads.owners.update(owners or {})
 
     def _on_pod(self, kind: str, pod: Obj) -> None:
         if kind == "ADDED" and self.leading() and (pod.get("spec") or {}).get("schedulingGates"):

@@ -54,6 +54,7 @@ KINDS: dict[tuple[str, str], tuple[str, bool]] = {
     ("coordination.k8s.io/v1", "Lease"): ("leases", True),
     ("monitoring.coreos.com/v1", "PodMonitor"): ("podmonitors", True),
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): ("leaderworkersets", True),
+    ("migscale.io/v1alpha1", "MigModel"): ("migmodels", True),
 }
 
 

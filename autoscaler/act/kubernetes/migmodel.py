@@ -244,6 +244,7 @@ class ModelReport:
     reasons: tuple[Reason, ...] = ()
     shortfall_rps: float = 0.0
     config_problems: tuple[str, ...] = ()
+    in_force: bool = True  # some spec of this object is deployed (False: refused from its first generation)
 
 
 def rfc3339(t_s: float) -> str:
@@ -322,7 +323,8 @@ def _conditions(r: ModelReport) -> list[tuple]:
             ConditionType.CONFIG_VALID,
             False,
             ConditionReason.INVALID_SPEC,
-            "; ".join(r.config_problems) + " (the last valid spec stays in force)",
+            "; ".join(r.config_problems)
+            + (" (the last valid spec stays in force)" if r.in_force else " (no spec of it is in force)"),
         )
     else:
         valid = _condition(

@@ -40,7 +40,7 @@ import copy
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autoscaler.act.kubernetes.client import KubeError, KubeRest, NotOwned, apply_object, owned
@@ -55,6 +55,7 @@ from autoscaler.act.kubernetes.render import (
     PLACEMENT_GATE,
     PROFILE_LABEL,
     WHOLE,
+    OwnerRef,
     RenderConfig,
     deployment,
     leader_worker_set,
@@ -102,8 +103,11 @@ class Caches:
         return all(i.synced for i in self.all())
 
 
-def make_caches(rest: KubeRest, cfg: RenderConfig, *, watch_timeout_s: float = 300.0) -> Caches:
-    ns, mine = cfg.namespace, f"{MANAGED_BY}={MANAGER}"
+def make_caches(rest: KubeRest, cfg: RenderConfig, *, watch_timeout_s: float = 300.0,
+                all_namespaces: bool = False) -> Caches:
+    """``all_namespaces``: models live in their own namespaces (MigModels), so every cache but the
+    nodes' watches the whole cluster, narrowed by migscale's label."""
+    ns, mine = (None if all_namespaces else cfg.namespace), f"{MANAGED_BY}={MANAGER}"
 
     def inf(api: str, kind: str, namespace: str | None, sel: str | None = None, optional: bool = False) -> Informer:
         return Informer(rest, api, kind, namespace, label_selector=sel, watch_timeout_s=watch_timeout_s,
@@ -128,6 +132,10 @@ class Workloads:
     caches: Caches
     event: Callable[..., None]  # EventRecorder.event(regarding, type, reason, note)
     models: dict[str, ModelSpec] = field(default_factory=dict)
+    # model -> its namespace and the object that owns its workloads (a MigModel: deleting it collects them);
+    # a model absent here lives in cfg.namespace. Kept after a model goes, so its workloads can be retired.
+    namespaces: dict[str, str] = field(default_factory=dict)
+    owners: dict[str, OwnerRef] = field(default_factory=dict)
     _written: dict[str, tuple[int, float]] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)
     _monitor_done: bool = False
@@ -138,12 +146,29 @@ class Workloads:
 
     # ------------------------------------------------------------ reading
 
+    def ns(self, model: str) -> str:
+        return self.namespaces.get(model, self.cfg.namespace)
+
+    def cfg_for(self, model: str) -> RenderConfig:
+        """The render settings of one model: its namespace, and its owner when it has one."""
+        ns, owner = self.ns(model), self.owners.get(model)
+        if ns == self.cfg.namespace and owner is None:
+            return self.cfg
+        return replace(self.cfg, namespace=ns, owner=owner or self.cfg.owner)
+
+    def _pod(self, name: str) -> Obj | None:
+        """A pod by name: workload names embed the model name, which is unique cluster-wide."""
+        live = self.caches.pods.get(name, self.cfg.namespace)
+        if live is None and self.namespaces:
+            live = next((p for p in self.caches.pods.items() if p["metadata"]["name"] == name), None)
+        return live
+
     def kind_of(self, profile: str) -> tuple[str, str]:
         return LWS if profile == WHOLE else DEPLOY
 
     def live(self, model: str, profile: str) -> Obj | None:
         cache = self.caches.lws if profile == WHOLE else self.caches.deployments
-        return cache.get(workload_name(model, profile), self.cfg.namespace)
+        return cache.get(workload_name(model, profile), self.ns(model))
 
     def size(self, model: str, profile: str) -> int:
         name = workload_name(model, profile)
@@ -184,13 +209,13 @@ class Workloads:
         name = workload_name(model, profile)
         for h in self.caches.hpas.items():
             ref = (h.get("spec") or {}).get("scaleTargetRef") or {}
-            if ref.get("kind") == kind and ref.get("name") == name:
+            if ref.get("kind") == kind and ref.get("name") == name and h["metadata"].get("namespace") == self.ns(model):
                 return str(h["metadata"]["name"])
         return None
 
     def disruptions_allowed(self, model: str, profile: str) -> int | None:
         """The workload's PodDisruptionBudget ``disruptionsAllowed``; None when it has none or it is not computed yet."""
-        pdb = self.caches.pdbs.get(workload_name(model, profile), self.cfg.namespace)
+        pdb = self.caches.pdbs.get(workload_name(model, profile), self.ns(model))
         if pdb is None or profile == WHOLE:
             return None
         st = pdb.get("status") or {}
@@ -206,24 +231,28 @@ class Workloads:
             return live
         api, kind = self.kind_of(profile)
         return {"apiVersion": api, "kind": kind, "metadata": {"name": workload_name(model, profile),
-                                                               "namespace": self.cfg.namespace}}
+                                                               "namespace": self.ns(model)}}
 
     def ensure(self, spec: ModelSpec, profile: str, replicas: int) -> None:
         """Create the workload (with its first size), its budget, the model's Service and the PodMonitor."""
-        if self.caches.services.get(spec.name, self.cfg.namespace) is None:
-            apply_object(self.rest, service(spec, self.cfg))
+        cfg = self.cfg_for(spec.name)
+        if self.caches.services.get(spec.name, cfg.namespace) is None:
+            apply_object(self.rest, service(spec, cfg))
         if not self._monitor_done:
+            monitor = pod_monitor(self.cfg)
+            if self.namespaces:  # models in their teams' namespaces: one monitor scrapes them all
+                monitor["spec"]["namespaceSelector"] = {"any": True}
             try:
-                apply_object(self.rest, pod_monitor(self.cfg))
+                apply_object(self.rest, monitor)
             except KubeError as exc:
                 if exc.status != 404:  # no Prometheus operator: nothing to monitor with
                     raise
             self._monitor_done = True
-        obj = leader_worker_set(spec, replicas, self.cfg) if profile == WHOLE else deployment(spec, profile, replicas, self.cfg)
+        obj = leader_worker_set(spec, replicas, cfg) if profile == WHOLE else deployment(spec, profile, replicas, cfg)
         _verb, live = apply_object(self.rest, obj, keep_replicas=True)
         self._written[workload_name(spec.name, profile)] = (replicas, self.clock.now())
         if profile != WHOLE:
-            pdb = pod_disruption_budget(spec, profile, self.cfg)
+            pdb = pod_disruption_budget(spec, profile, cfg)
             pdb["metadata"]["ownerReferences"] = [owner_ref(live)]
             apply_object(self.rest, pdb)
 
@@ -249,7 +278,7 @@ class Workloads:
             if live is None:
                 self.ensure(spec, profile, new)
             else:
-                self.rest.patch_scale(api, kind, self.cfg.namespace, name, new)
+                self.rest.patch_scale(api, kind, self.ns(spec.name), name, new)
                 self._written[name] = (new, self.clock.now())
         except KubeError as exc:
             self.event(self._regarding(spec.name, profile), "Warning", "FailedRescale",
@@ -260,14 +289,14 @@ class Workloads:
 
     def prefer_removal(self, pod: str) -> bool:
         """Mark a pod to go first on the next scale-down of its ReplicaSet; False if it is gone."""
-        live = self.caches.pods.get(pod, self.cfg.namespace)
+        live = self._pod(pod)
         if live is None or live["metadata"].get("deletionTimestamp"):
             return False
         if (live["metadata"].get("annotations") or {}).get(DELETION_COST) == LOWEST_COST:
             return True
         patch = {"metadata": {"annotations": {DELETION_COST: LOWEST_COST}}}
         try:
-            self.rest.merge_patch("v1", "Pod", self.cfg.namespace, pod, patch)
+            self.rest.merge_patch("v1", "Pod", live["metadata"].get("namespace", self.cfg.namespace), pod, patch)
         except KubeError as exc:
             if exc.status == 404:
                 return False
@@ -294,9 +323,9 @@ class Workloads:
         with self._gate_lock:  # decided and recorded under the lock, written outside it: a tick's
             todo = self._ungate(self.caches.pods.items() if pods is None else pods)  # place() never waits on HTTP
         errors: list[str] = []
-        for name, patch in todo:
+        for ns, name, patch in todo:
             try:
-                self.rest.merge_patch("v1", "Pod", self.cfg.namespace, name, patch)
+                self.rest.merge_patch("v1", "Pod", ns, name, patch)
             except KubeError as exc:
                 with self._gate_lock:
                     self._ungated.pop(name, None)
@@ -305,9 +334,9 @@ class Workloads:
                     errors.append(f"ungate pod {name}: {exc}")
         return errors
 
-    def _ungate(self, candidates: list[Obj]) -> list[tuple[str, Obj]]:
+    def _ungate(self, candidates: list[Obj]) -> list[tuple[str, str, Obj]]:
         """The patches that lift the gate of new pods, recorded as done (undone by ``ungate`` on failure)."""
-        todo: list[tuple[str, Obj]] = []
+        todo: list[tuple[str, str, Obj]] = []  # (namespace, pod, patch)
         now = self.clock.now()
         self._ungated = {k: t for k, t in self._ungated.items() if now - t < WRITE_FRESH_S}
         gated = [p for p in candidates if p["metadata"]["name"] not in self._ungated
@@ -345,7 +374,7 @@ class Workloads:
                                                        if g.get("name") != PLACEMENT_GATE] or None}}
             if node:
                 patch["spec"]["affinity"] = with_hostname(spec.get("affinity") or {}, node)
-            todo.append((pod["metadata"]["name"], patch))
+            todo.append((pod["metadata"].get("namespace", self.cfg.namespace), pod["metadata"]["name"], patch))
             self._ungated[pod["metadata"]["name"]] = now
             if node:
                 self._pinned[pod["metadata"]["name"]] = (node, profile, now)
@@ -367,11 +396,12 @@ class Workloads:
             api, kind = self.kind_of(profile)
             try:
                 if model not in self.models and self.size(model, profile) > 0:
-                    self.rest.patch_scale(api, kind, self.cfg.namespace, name, 0)
+                    self.rest.patch_scale(api, kind, meta.get("namespace", self.cfg.namespace), name, 0)
                     self._written[name] = (0, self.clock.now())
                     self.event(obj, "Normal", "SuccessfulRescale", "New size: 0; reason: model removed from the configuration")
                 elif (self.size(model, profile) == 0 and not self.pods_of(model, profile)
-                      and self.rest.delete(api, kind, self.cfg.namespace, name, resource_version=meta["resourceVersion"])):
+                      and self.rest.delete(api, kind, meta.get("namespace", self.cfg.namespace), name,
+                                           resource_version=meta["resourceVersion"])):
                     self.event(obj, "Normal", "Retired", f"0 replicas and no pods left: {kind} deleted (its budget with it)")
             except KubeError as exc:
                 if exc.status != 409:  # changed since we read it: look again next tick
@@ -390,9 +420,10 @@ class Workloads:
             if profile is None:
                 continue
             try:
-                want = deployment(spec, profile, int(obj["spec"].get("replicas") or 0), self.cfg)
+                cfg = self.cfg_for(spec.name)
+                want = deployment(spec, profile, int(obj["spec"].get("replicas") or 0), cfg)
                 _verb, live = apply_object(self.rest, want, keep_replicas=True)
-                pdb = pod_disruption_budget(spec, profile, self.cfg)
+                pdb = pod_disruption_budget(spec, profile, cfg)
                 pdb["metadata"]["ownerReferences"] = [owner_ref(live)]
                 apply_object(self.rest, pdb)
             except KubeError as exc:

@@ -34,9 +34,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from autoscaler.mig.layout import Placement, check_layout
+from autoscaler.mig.products import Product
 from autoscaler.policy.types import (
     Action,
     ActionKind,
@@ -358,11 +360,21 @@ def _final_layout(g: GpuWork) -> tuple[Placement, ...]:
     """Occupied instances, plus every current instance that still fits beside them."""
     if g.whole is not None:
         return ()
-    layout = [Placement(s, v[1]) for s, v in g.hard.items()]
-    for p in sorted(g.current, key=lambda p: (-g.product.profiles[p.profile].compute, p.start)):
+    # plain (start, profile) pairs: they hash in C, a Placement through its dataclass __hash__
+    return _fill_layout(g.product, tuple(sorted((s, v[1]) for s, v in g.hard.items())),
+                        tuple((p.start, p.profile) for p in g.current))
+
+
+@lru_cache(maxsize=8192)
+def _fill_layout(product: Product, occupied: tuple[tuple[int, str], ...], current: tuple[tuple[int, str], ...]
+                 ) -> tuple[Placement, ...]:
+    """``_final_layout``'s work, cached: a fleet repeats the same few GPU states tick after tick."""
+    layout = [Placement(s, prof) for s, prof in occupied]
+    for p in sorted((Placement(s, prof) for s, prof in current),
+                    key=lambda p: (-product.profiles[p.profile].compute, p.start)):
         if p in layout:
             continue
-        if not check_layout(g.product, layout + [p]):
+        if not check_layout(product, layout + [p]):
             layout.append(p)
     return tuple(sorted(layout))
 

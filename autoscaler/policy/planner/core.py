@@ -38,8 +38,12 @@ How (a fast heuristic; ``milp.py`` holds the exact reference):
    there is 25-50% (the benchmark's optimality gap vs the MILP).
 5. actions (``planner_actions``): churn budget (within a priority, the
    creates that need no repartition first), dependency order, layouts.
+6. warm spares (``planner_spare``): on a calm tick, empty instances of the
+   profiles ``decide`` learned to keep are carved on GPUs already in use.
 
-Shortfall priority rule (when the cluster cannot hold everything): higher
+Shortfall priority rule (when the cluster cannot hold everything): first
+one replica for every model with demand that would otherwise hold none, so
+no priority starves another to zero (``Reason.FLEET_SHARE_MIN``); then higher
 ``ModelSpec.priority`` first; within one priority, every model's floor
 (min_replicas, 2 for high availability) before anyone's extra capacity; the
 extra capacity is then handed out in proportion to demand (replica by
@@ -74,6 +78,7 @@ from autoscaler.policy.planner.sizing import (
     mix_slices,
     usable_profiles,
 )
+from autoscaler.policy.planner.spare import keep_spares
 from autoscaler.policy.planner.urgent import place_urgent
 from autoscaler.policy.planner.work import HEALTHY, ModelWork
 from autoscaler.policy.types import ClusterState, ModelSpec, Plan, Reason, Replica, ReplicaState
@@ -100,8 +105,12 @@ def plan(
     churn_budget: int | None = None,
     now_s: float = 0.0,
     fast_path: bool = True,
+    spares: Mapping[str, int] | None = None,
 ) -> Plan:
     """Plan replicas, placements, layouts and actions for one tick (pure).
+
+    ``spares``: profile -> empty instances to keep carved on GPUs in use
+    (``planner_spare.keep_spares``, on calm ticks only).
 
     ``fast_path``: a running model short of its demand first takes empty
     instances that exist now (``planner_urgent``), and creates that need no
@@ -181,6 +190,8 @@ def plan(
     if invalid & set(specs):
         reasons = {n: rs + ((Reason.INVALID_METRIC,) if n in invalid else ()) for n, rs in best.reasons.items()}
         best = dataclasses.replace(best, reasons=reasons)
+    if spares:
+        best = keep_spares(best, cluster, spares)
     return best
 
 

@@ -5,8 +5,9 @@ Pure; used by ``planner.plan`` after sizing and after the scale-up fast path
 of ``packing`` (``GpuWork``) in two tiers: first only space that is free now,
 then also the space of replicas that leave this tick (a CREATE there waits
 for their DELETE). When everything cannot fit, the shortfall priority rule
-(see ``planner``) decides who gets the space: higher priority first, floors
-before extra capacity, the extra capacity in proportion to demand.
+(see ``planner``) decides who gets the space: one replica for every model
+that would otherwise have none (``_place_presence``), then higher priority
+first, floors before extra capacity, the extra capacity in proportion to demand.
 """
 
 from __future__ import annotations
@@ -141,15 +142,20 @@ def place_all(work: dict[str, ModelWork], gpus: list[GpuWork], placed_tier2: set
     # Not everything fits: redo by the shortfall priority rule.
     _restore(gpus, snap)
     placed_tier2.clear()
+    present = _place_presence(work, gpus, placed_tier2, ha)
     levels = sorted({m.spec.priority for m in work.values()}, reverse=True)
     for level in levels:
         ms = [m for m in work.values() if m.spec.priority == level and m.add]
         floors: dict[str, dict[str, int]] = {}
         extras: list[tuple[float, str, str]] = []
         for m in ms:
-            need_floor = max(0, m.floor - len(m.keep))
+            need_floor = max(0, m.floor - len(m.keep) - present.get(m.spec.name, 0))
             items = sorted(((p, m.cap[p]) for p, c in m.add.items() for _ in range(c)), key=lambda pc: -pc[1])
             have = sum(m.cap[r.profile] for r in m.keep)
+            shared = present.get(m.spec.name, 0)
+            if shared:  # the presence replica is one of its adds (max_replicas holds)
+                items = items[:max(0, len(items) - shared)]
+                have += shared * _smallest(m).cap
             fl: dict[str, int] = {}
             for i, (p, c) in enumerate(items):
                 if i < need_floor:
@@ -197,6 +203,45 @@ def place_all(work: dict[str, ModelWork], gpus: list[GpuWork], placed_tier2: set
     for level in levels:
         refill([m for m in work.values() if m.spec.priority == level], gpus, placed_tier2, ha)
     _trim_excess(work, gpus)
+
+
+def _place_presence(work: dict[str, ModelWork], gpus: list[GpuWork], placed_tier2: set[tuple[str, int]],
+                    ha: frozenset[str]) -> dict[str, int]:
+    """A full fleet never starves a model to zero: before any priority level's
+    floors or extra capacity, every model that would otherwise hold no replica
+    while it has demand (or a floor) gets one, on its smallest usable profile,
+    and says so with ``Reason.FLEET_SHARE_MIN``. Worked number: 16 GPUs full of
+    a priority-2 model's flash crowd and a priority-0 model back from silence
+    at 40 req/s: without this the priority-0 model would get nothing until the
+    crowd passed; with it, one 1g slice (58 req/s) is carved for it first.
+    Returns model -> replicas placed here (0 or 1)."""
+    want: dict[str, dict[str, int]] = {}
+    for name, m in work.items():
+        if m.keep or not m.add or not m.options:
+            continue
+        if not ((m.demand or 0.0) > EPS or m.floor > 0):
+            continue
+        want[name] = {_smallest(m).name: 1}
+    if not want:
+        return {}
+    before = {name: _count(gpus, name) for name in want}
+    pools = _pools(want)
+    _pack_two_tiers(gpus, pools, placed_tier2, ha)
+    out: dict[str, int] = {}
+    for name in want:
+        n = _count(gpus, name) - before[name]
+        out[name] = n
+        if n:
+            work[name].why(Reason.FLEET_SHARE_MIN)
+    return out
+
+
+def _smallest(m: ModelWork):
+    return min(m.options, key=lambda o: (o.compute, -o.cap, o.name))
+
+
+def _count(gpus: list[GpuWork], model: str) -> int:
+    return sum(1 for g in gpus for v in g.hard.values() if v[0] == model)
 
 
 def _trim_excess(work: dict[str, ModelWork], gpus: list[GpuWork]) -> None:

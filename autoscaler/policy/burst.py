@@ -1,0 +1,83 @@
+"""The burst layer: capacity above the predictive floor within seconds (pure).
+
+Place in the loop: beside the forecaster in ``decide``. The floor follows a
+smoothed forecast and learns its headroom over hours; a flash crowd, a step,
+or a model coming back from silence outruns both. This layer reads the fastest
+signals there are -- Triton's queue and completions scraped straight from the
+replicas every 1-2 s (``ModelSignals.fast``) -- and asks for what is arriving
+*now*, plus the backlog, as soon as it exceeds the floor. It never feeds the
+forecaster with anything but measured arrivals (a guess made while saturated
+would ratchet the floor up), and it holds nothing itself: once arrivals fall
+back, only the scale-down stabilization keeps its capacity for a while.
+
+Worked number: a model with 200 req/s of capacity whose replicas completed
+210 req/s over the last 5 s while their queue grew by 400 requests is getting
+210 + 400 / 5 = 290 req/s; with 20 requests still queued and a 10 s drain
+that is 292 req/s, and with an 18% headroom the layer asks for 345 req/s --
+about 30 s before the 30 s metrics window and its 15 s scrape delay would
+have shown the rise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autoscaler.policy.types import FastSignals
+
+
+@dataclass(frozen=True)
+class BurstConfig:
+    stale_s: float = 10.0  # fast signals older than this are not used
+    backlog_drain_s: float = 10.0  # queued requests are to be served within this
+    # Closed-loop clients (each waits for its answer: locust users, RPC callers)
+    # keep the backlog in the clients, so arrivals never exceed completions; a
+    # queue time above this multiple of compute time means more is wanted.
+    saturated_queue_compute: float = 1.0
+    saturated_share: float = 1.0
+    max_pressure: float = 4.0
+
+
+def fresh(fast: FastSignals | None, now_s: float, cfg: BurstConfig = BurstConfig()) -> FastSignals | None:
+    if fast is None or fast.t_s is None or now_s - fast.t_s > cfg.stale_s:
+        return None
+    return fast
+
+
+def arrivals(fast: FastSignals | None, now_s: float, cfg: BurstConfig = BurstConfig()) -> float | None:
+    """The measured arrival rate from the fast signals (None: none fresh). A measurement,
+    not a guess: this is what may feed the forecaster."""
+    f = fresh(fast, now_s, cfg)
+    if f is None or f.arrival_rps is None or not math.isfinite(f.arrival_rps):
+        return None
+    return max(0.0, f.arrival_rps)
+
+
+def demand(fast: FastSignals | None, now_s: float, capacity_rps: float | None,
+           cfg: BurstConfig = BurstConfig()) -> float | None:
+    """What the burst layer sizes for: arrivals, or completions scaled by queue pressure
+    for closed-loop clients (whichever is larger), plus the backlog over the drain time.
+
+    Pressure applies only when the replicas complete at least ``saturated_share``
+    of what runs (``capacity_rps``, at the SLO) and nothing piles up or fails. Below
+    that a long queue is ordinary load: one queue at 89% load waits 8x its
+    service time (rho / (1 - rho)), which is where an M/M/1 replica meets a 99%
+    SLO. And an open-loop crowd shows in the arrivals themselves, while its 30 s
+    queue (ratio 1500 behind 20 ms of compute) would read as the 4x cap however
+    small the real excess."""
+    lam = arrivals(fast, now_s, cfg)
+    if lam is None:
+        return None
+    assert fast is not None
+    q, c, done = fast.avg_queue_ms, fast.avg_compute_ms, fast.completed_rps
+    saturated = capacity_rps is not None and capacity_rps > 0 and done is not None \
+        and done >= cfg.saturated_share * capacity_rps
+    if saturated and q is not None and c is not None and c > 0 and lam <= 1.1 * done:
+        ratio = q / c
+        if math.isfinite(ratio) and ratio > cfg.saturated_queue_compute:
+            # (1 + ratio) / 2: queue 3x compute -> about twice the capacity is wanted
+            pressure = min(cfg.max_pressure, (1.0 + ratio) / (1.0 + cfg.saturated_queue_compute))
+            lam = max(lam, done * pressure)
+    if fast.pending is not None and fast.pending > 0 and cfg.backlog_drain_s > 0:
+        lam += fast.pending / cfg.backlog_drain_s
+    return lam

@@ -1,0 +1,219 @@
+"""The predictive floor: an online forecaster and the learned headroom above it (pure).
+
+Place in the loop: first stage of ``decide``. Each tick a model's measured
+arrival rate (the burst layer's fast signal where the backend has one, else
+the metrics window) updates its ``Forecast``; the floor it asks the planner
+for is the forecast's upper envelope over one reaction horizon times
+``1 + headroom``, where the headroom is learned per model (``Headroom``).
+
+Forecaster: Holt's linear method on irregular time, fitted online.
+
+- level: an exponentially weighted mean with time constant ``level_tau_s``
+  (half the policy's long window, 30 s of 60: the same mean sample age as the
+  window's average): a sample 5 s after the last moves it 1 - e^(-5/30) = 15%
+  of the way;
+- trend: req/s per second, weighted with ``trend_tau_s`` (10 min) and
+  extrapolated damped (``damp_s``, 2 min): however long the horizon, the trend
+  adds at most trend x 120 s, so one noisy minute cannot forecast a runaway;
+- daily seasonality (``season_bins`` = 288 five-minute bins): each bin keeps an
+  exponentially weighted mean of the rate seen in it on earlier days. Once the
+  bins of both "now" and "now + horizon" have been seen on an earlier day, the
+  forecast is scaled by their ratio (clipped to [1/4, 4]): a rise that comes
+  every day at 09:00 is in the floor before it arrives. Within its first day a
+  model has no season and the trend alone carries a daily ramp -- over a one
+  to four minute horizon a smooth daily cycle moves the rate by well under 1%.
+
+Learned headroom: every ``sample_s`` (60 s) the floor's forecast for the next
+horizon is set aside; once the horizon has passed, the highest rate measured
+in it divided by that forecast is one sample of "how far demand rose above
+the forecast within one reaction horizon". The headroom is a high quantile
+(``quantile``, the policy's main knob) of the last ``window_s`` (4 h) of
+samples minus 1, bounded to [``lo``, ``hi``] (0 to 1.5); with fewer than
+``min_samples`` (30) it is the prior (0.2, the old fixed headroom). Worked
+number: ratios whose 95th percentile is 1.18 give an 18% headroom.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+DAY_S = 86400.0
+
+
+@dataclass(frozen=True)
+class ForecastConfig:
+    level_tau_s: float = 30.0  # decide uses half the policy's long window (see PolicyConfig)
+    trend_tau_s: float = 600.0
+    damp_s: float = 120.0
+    season_s: float = DAY_S
+    season_bins: int = 288
+    season_weight: float = 0.5  # weight of the newest day in a bin's mean
+    max_season_ratio: float = 4.0
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """One model's forecaster state (immutable; ``update`` returns the next one)."""
+
+    t_s: float | None = None
+    level: float = 0.0
+    trend: float = 0.0  # req/s per second
+    # daily profile: per bin (its mean rate on earlier days, or None), and the bin
+    # being filled now with its running sum and count
+    season: tuple[float | None, ...] = ()
+    bin_index: int | None = None
+    bin_sum: float = 0.0
+    bin_n: int = 0
+
+
+def update(f: Forecast, t_s: float, rate: float, cfg: ForecastConfig = ForecastConfig()) -> Forecast:
+    """Fold one measured rate (req/s at ``t_s``) into the forecaster."""
+    rate = max(0.0, float(rate))
+    if f.t_s is not None and t_s <= f.t_s:
+        return f  # the same sample again (a tick faster than the scrape): nothing new
+    season = f.season or (None,) * cfg.season_bins
+    k = _bin(t_s, cfg)
+    bin_index, bin_sum, bin_n = f.bin_index, f.bin_sum, f.bin_n
+    if bin_index is not None and k != bin_index and bin_n:
+        old = season[bin_index]
+        mean = bin_sum / bin_n
+        new = mean if old is None else (1 - cfg.season_weight) * old + cfg.season_weight * mean
+        season = season[:bin_index] + (new,) + season[bin_index + 1:]
+        bin_sum, bin_n = 0.0, 0
+    bin_sum, bin_n = bin_sum + rate, bin_n + 1
+    if f.t_s is None:
+        return Forecast(float(t_s), rate, 0.0, season, k, bin_sum, bin_n)
+    dt = t_s - f.t_s
+    prior = f.level + f.trend * dt
+    a = 1.0 - math.exp(-dt / cfg.level_tau_s)
+    level = max(0.0, prior + a * (rate - prior))
+    b = 1.0 - math.exp(-dt / cfg.trend_tau_s)
+    trend = f.trend + b * ((level - f.level) / dt - f.trend)
+    return Forecast(t_s, level, trend, season, k, bin_sum, bin_n)
+
+
+def _bin(t_s: float, cfg: ForecastConfig) -> int:
+    return int((t_s % cfg.season_s) / cfg.season_s * cfg.season_bins) % cfg.season_bins
+
+
+def predict(f: Forecast, horizon_s: float, cfg: ForecastConfig = ForecastConfig()) -> float | None:
+    """The rate ``horizon_s`` after the last sample (None: nothing seen yet)."""
+    if f.t_s is None:
+        return None
+    h = max(0.0, horizon_s)
+    damped = cfg.damp_s * (1.0 - math.exp(-h / cfg.damp_s)) if cfg.damp_s > 0 else h
+    value = max(0.0, f.level + f.trend * damped)
+    return value * season_ratio(f, f.t_s, f.t_s + h, cfg)
+
+
+def season_ratio(f: Forecast, t0_s: float, t1_s: float, cfg: ForecastConfig = ForecastConfig()) -> float:
+    """Expected rate at ``t1_s`` over the rate at ``t0_s`` from earlier days (1.0 when unknown)."""
+    if not f.season:
+        return 1.0
+    a, b = f.season[_bin(t0_s, cfg)], f.season[_bin(t1_s, cfg)]
+    if a is None or b is None or a <= 0:
+        return 1.0
+    return min(cfg.max_season_ratio, max(1.0 / cfg.max_season_ratio, b / a))
+
+
+def envelope(f: Forecast, horizon_s: float, cfg: ForecastConfig = ForecastConfig()) -> float | None:
+    """The highest forecast rate over ``[now, now + horizon_s]`` (a damped trend is monotone,
+    so the ends and the season's bins in between are all that can peak)."""
+    if f.t_s is None:
+        return None
+    pts = [0.0, horizon_s]
+    if f.season:
+        width = cfg.season_s / cfg.season_bins
+        pts += [min(horizon_s, width * j) for j in range(1, int(horizon_s / width) + 1)]
+    return max(predict(f, h, cfg) or 0.0 for h in pts)
+
+
+# ------------------------------------------------------------------ learned headroom
+
+
+@dataclass(frozen=True)
+class HeadroomConfig:
+    quantile: float = 0.95
+    sample_s: float = 60.0
+    window_s: float = 4 * 3600.0
+    min_samples: int = 30
+    prior: float = 0.2
+    lo: float = 0.0
+    hi: float = 1.5
+
+
+@dataclass(frozen=True)
+class Headroom:
+    """One model's headroom estimator: open samples and the recent rise ratios."""
+
+    # (set at, forecast, highest rate measured since)
+    open: tuple[tuple[float, float, float], ...] = ()
+    ratios: tuple[tuple[float, float], ...] = ()  # (closed at, ratio), oldest first
+    value: float | None = None  # the learned headroom; None: too few samples yet
+    last_sample_s: float | None = None
+    sorted_ratios: tuple[float, ...] = field(default=(), repr=False)
+
+
+def observe(h: Headroom, t_s: float, rate: float | None, forecast_rps: float | None, horizon_s: float,
+            cfg: HeadroomConfig = HeadroomConfig()) -> Headroom:
+    """One tick: raise the open samples' maxima by ``rate``, close those whose horizon has
+    passed, open a new one every ``sample_s`` (from ``forecast_rps``, the envelope the floor
+    used), and refresh the quantile when a sample closed."""
+    opened = h.open
+    if rate is not None and any(rate > m0 for _, _, m0 in opened):
+        opened = tuple((t0, f0, max(m0, rate)) for t0, f0, m0 in opened)
+    ratios, srt = h.ratios, h.sorted_ratios
+    if opened and t_s - opened[0][0] >= horizon_s:
+        closed = [o for o in opened if t_s - o[0] >= horizon_s]
+        opened = tuple(o for o in opened if t_s - o[0] < horizon_s)
+        new = [(t_s, m0 / f0) for _, f0, m0 in closed if f0 > 0]
+        ratios = ratios + tuple(new)
+        for _, r in new:  # kept sorted by insertion: one copy, not a sort
+            i = bisect.bisect_right(srt, r)
+            srt = srt[:i] + (r,) + srt[i:]
+    cut = t_s - cfg.window_s
+    if ratios and ratios[0][0] <= cut:
+        k = 0
+        while k < len(ratios) and ratios[k][0] <= cut:
+            i = bisect.bisect_left(srt, ratios[k][1])
+            srt = srt[:i] + srt[i + 1:]
+            k += 1
+        ratios = ratios[k:]
+    last = h.last_sample_s
+    if forecast_rps is not None and forecast_rps > 0 and (last is None or t_s - last >= cfg.sample_s - 1e-9):
+        opened = opened + ((t_s, forecast_rps, rate if rate is not None else 0.0),)
+        last = t_s
+    if ratios is h.ratios:
+        return Headroom(opened, ratios, h.value, last, srt)
+    return Headroom(opened, ratios, _quantile_headroom(srt, cfg), last, srt)
+
+
+def _quantile_headroom(srt: tuple[float, ...], cfg: HeadroomConfig) -> float | None:
+    if len(srt) < cfg.min_samples:
+        return None
+    return min(cfg.hi, max(cfg.lo, quantile(srt, cfg.quantile) - 1.0))
+
+
+def quantile(sorted_values: tuple[float, ...] | list[float], q: float) -> float:
+    """Linear-interpolation quantile of already sorted values (numpy's default method)."""
+    n = len(sorted_values)
+    if n == 0:
+        raise ValueError("quantile of no values")
+    pos = min(max(q, 0.0), 1.0) * (n - 1)
+    i = math.floor(pos)
+    j = min(i + 1, n - 1)
+    return sorted_values[i] + (sorted_values[j] - sorted_values[i]) * (pos - i)
+
+
+def current(h: Headroom, cfg: HeadroomConfig = HeadroomConfig()) -> float:
+    """The headroom to use now: the learned one, or the prior while too few samples exist."""
+    return cfg.prior if h.value is None else h.value
+
+
+def rank(h: Headroom, ratio: float) -> float:
+    """Share of recent samples at or below ``ratio`` (for ``explain``)."""
+    if not h.sorted_ratios:
+        return 0.0
+    return bisect.bisect_right(h.sorted_ratios, ratio) / len(h.sorted_ratios)
