@@ -50,6 +50,21 @@ def _say(msg: str) -> None:
 # ---------------------------------------------------------------- run dir bookkeeping
 
 
+def _controller(run_dir: Path) -> tuple[ProcRecord | None, dict]:
+    """The controller recorded in ``controller.json`` (None, {} without one)."""
+    try:
+        data = json.loads((run_dir / "controller.json").read_text())
+        return ProcRecord(**data["process"]), data
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, {}
+
+
+def _live_controller(run_dir: Path) -> ProcRecord | None:
+    """The recorded controller while it runs: it holds the run dir's lock (``migscale apply``)."""
+    rec, _ = _controller(run_dir)
+    return rec if rec is not None and RunDirLock(run_dir).held_by_other() and rec.matches() else None
+
+
 def _clean_stale(run_dir: Path) -> list[int]:
     """Stop everything a controller that is gone left behind; forget its records.
     The caller holds the run dir's lock, so nothing found here is a live controller's."""
