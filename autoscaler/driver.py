@@ -11,7 +11,9 @@ controller adopts it next). The driver owns four things:
   (the loop's own exponential back-off after failed ticks). A tick that
   raises -- the loop catches its own errors, so this means a bug or a broken
   hook -- is logged with its traceback, counted in ``tick_errors`` and backed
-  off the same way (``tick_s * 2**k``, at most ``max_backoff_s``);
+  off the same way (``tick_s * 2**k``, at most ``max_backoff_s``). The loop
+  logs and counts the exceptions it catches (``ControlLoop.tick_errors``);
+  ``health().tick_errors`` is both, the one ``migscale_tick_errors_total``;
 - **hooks**: ``before_tick`` (the Kubernetes lease check points the gate),
   ``after_tick`` (publish to the metrics API) and ``idle``, called every
   ``slice_s`` while waiting (the local controller's 1 s status refresh). A
@@ -70,7 +72,7 @@ class Health:
     ready: bool
     reason: str
     ticks: int
-    tick_errors: int  # ticks that raised out of the loop
+    tick_errors: int  # ticks that raised, caught inside the loop or out of it
     hook_errors: int
     consecutive_failures: int  # ticks in a row that were not ok (or raised)
     last_tick_s: float | None  # clock time the last completed tick started
@@ -195,7 +197,7 @@ class Driver:
                 ready=ready,
                 reason=reason,
                 ticks=self.ticks,
-                tick_errors=self.tick_errors,
+                tick_errors=self.tick_errors + int(getattr(self.loop, "tick_errors", 0)),
                 hook_errors=self.hook_errors,
                 consecutive_failures=self.consecutive_failures,
                 last_tick_s=self.last_tick_s,

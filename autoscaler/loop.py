@@ -32,6 +32,7 @@ what ``migscale explain`` reads.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -46,6 +47,8 @@ from autoscaler.policy.types import Action, ClusterState, Observation, Plan, Rea
 from autoscaler.protocols import Actuator, Inventory, MetricsSource, action_groups, action_keys
 
 __all__ = ["ControlLoop", "TickResult", "action_groups", "action_json", "decision_record", "hold_in_flight"]
+
+log = logging.getLogger("migscale.loop")
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ class ControlLoop:
         self.state = state or PolicyState()
         self.failures = 0  # consecutive failed ticks
         self.ticks = 0
+        self.tick_errors = 0  # ticks that raised (migscale_tick_errors_total)
         self.last_result: TickResult | None = None
         self.last_decide_s: float | None = None  # how long the last decide + plan took
         self.last_observation: Observation | None = None  # what the last tick saw (for the API/UI)
@@ -106,7 +110,9 @@ class ControlLoop:
         self.ticks += 1
         try:
             result = self._tick(now)
-        except Exception as exc:  # noqa: BLE001 - never fatal: report, back off, carry on
+        except Exception as exc:  # never fatal: logged, reported, backed off
+            self.tick_errors += 1
+            log.exception("tick %d raised", self.ticks)  # the whole traceback, in the controller log
             result = TickResult(
                 t_s=now,
                 ok=False,

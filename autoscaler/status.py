@@ -8,6 +8,11 @@ stay ``null``: a replica without a second metrics sample has no req/s yet.
 A multinode group is several planner replicas (one per whole GPU) but ONE
 entry here: id = the group id, ``gpus`` = its GPUs, ``members`` = one row per
 process (rank, pid, port, state, role, gpu); port/pid are the leader's.
+
+A crash-looping replica (state ``crashloop``) carries ``restarts``,
+``next_restart_in_s`` and ``last_error`` (the last error lines of its log);
+``infrastructure`` says the same of nginx and Prometheus, and ``crashloop_held``
+lists the models that get no more replacements until one of theirs is ready.
 """
 
 from __future__ import annotations
@@ -34,6 +39,16 @@ class GroupView:
 
 
 @dataclass(frozen=True)
+class ReplicaHealth:
+    """How a replica has been faring: restarts, and when crash-looping, why and until when."""
+
+    restarts: int = 0
+    next_restart_in_s: float | None = None
+    last_error: tuple[str, ...] = ()
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
 class ReplicaNumbers:
     req_s: float | None = None
     p99_ms: float | None = None
@@ -55,8 +70,12 @@ def build_status(
     metrics_mode: str | None = None,
     controller_pid: int | None = None,
     t_s: float | None = None,
+    health: Mapping[str, ReplicaHealth] | None = None,
+    infrastructure: Mapping[str, Mapping] | None = None,
+    crashloop_held: tuple[str, ...] = (),
 ) -> dict:
     endpoints = endpoints or {}
+    health = health or {}
     numbers = numbers or {}
     groups = groups or {}
     group_of = {mid: gid for gid, g in groups.items() for mid in g.member_ids}
@@ -82,6 +101,13 @@ def build_status(
             "req_s": _round(n.req_s, 2),
             "p99_ms": _round(n.p99_ms, 2),
         }
+        h = health.get(rid)
+        if h is not None:
+            row["restarts"] = h.restarts
+            if h.last_error or h.next_restart_in_s is not None:
+                row["next_restart_in_s"] = _round(h.next_restart_in_s, 1)
+                row["last_error"] = list(h.last_error)
+                row["exit_code"] = h.exit_code
         if gid:
             row["gpus"] = list(groups[gid].gpus)
             row["members"] = [dict(m) for m in groups[gid].members]
@@ -106,12 +132,14 @@ def build_status(
         "t_s": t_s,
         "gpus": gpus,
         "replicas": replicas,
+        "infrastructure": {k: dict(v) for k, v in (infrastructure or {}).items()},
+        "crashloop_held": sorted(crashloop_held),
     }
 
 
 def render_table(status: dict) -> str:
     """Plain-text table for ``migscale status`` (no colour codes: pipes and CI logs read it)."""
-    head = ("MODEL", "PROFILE", "GPU/SLOT", "PORT", "STATE", "REQ/S", "P99 MS")
+    head = ("MODEL", "PROFILE", "GPU/SLOT", "PORT", "STATE", "RESTARTS", "REQ/S", "P99 MS")
     rows = [head]
     for r in status.get("replicas", []):
         rows.append(
@@ -121,19 +149,58 @@ def render_table(status: dict) -> str:
                 "+".join(r["gpus"]) if r.get("gpus") else f"{r['gpu']}@{r['start']}",
                 "-" if r.get("port") is None else str(r["port"]),
                 str(r["state"]),
+                str(r.get("restarts", 0)),
                 "-" if r.get("req_s") is None else f"{r['req_s']:.1f}",
                 "-" if r.get("p99_ms") is None else f"{r['p99_ms']:.1f}",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    trouble = crashloop_lines(status)
+    if trouble:
+        lines += ["", *trouble]
     lines.append("")
-    lines.append(f"front door:  {status.get('frontdoor')}")
+    lines.append(f"front door:  {status.get('frontdoor')}{_infra_note(status, 'nginx')}")
     lines.append(f"metrics API: {status.get('metrics_api')}")
     prom = status.get("prometheus")
-    lines.append(f"prometheus:  {prom if prom else 'not running (direct scrape of each replica)'}")
+    mode = status.get("metrics_mode")
+    if not prom:
+        lines.append("prometheus:  not running (direct scrape of each replica)")
+    elif mode == "prometheus-down":
+        lines.append(f"prometheus:  {prom} DOWN: the loop holds every model (no scale-down)"
+                     f"{_infra_note(status, 'prometheus')}")
+    elif mode == "prometheus-warming":
+        lines.append(f"prometheus:  {prom} restarted or dropped scrapes: the loop holds every model until it has a whole window")
+    else:
+        lines.append(f"prometheus:  {prom}{_infra_note(status, 'prometheus')}")
     cfg = status.get("config")
     if isinstance(cfg, dict):
         refused = f"; generation {cfg['refused_generation']} refused: {cfg['error']}" if cfg.get("error") else ""
         lines.append(f"config:      generation {cfg.get('generation')} ({', '.join(cfg.get('models') or [])}){refused}")
     return "\n".join(lines)
+
+
+def crashloop_lines(status: dict) -> list[str]:
+    """What is crash-looping and why, as text (``migscale status`` and ``migscale explain``)."""
+    lines: list[str] = []
+    for r in status.get("replicas", []):
+        if r.get("state") == "crashloop" or (r.get("last_error") and r.get("state") != "ready"):
+            wait = r.get("next_restart_in_s")
+            when = f", next restart in {wait:.0f}s" if wait is not None else ""
+            lines.append(f"{r['id']}: {r['state']} after {r.get('restarts', 0)} restart(s){when}; last error:")
+            lines.extend(f"    {ln}" for ln in (r.get("last_error") or ["(no log output)"]))
+    for m in status.get("crashloop_held", []):
+        lines.append(f"{m}: every replica tried crash-loops; no new replicas until one is ready")
+    return lines
+
+
+def _infra_note(status: dict, name: str) -> str:
+    st = (status.get("infrastructure") or {}).get(name)
+    if not st:
+        return ""
+    if st.get("state") != "up":
+        wait = st.get("next_restart_in_s")
+        when = f", restart in {wait:.0f}s" if wait is not None else ""
+        err = f": {st['last_error'][-1]}" if st.get("last_error") else ""
+        return f"  [{st['state']}{when}{err}]"
+    return f"  [restarted {st['restarts']}x]" if st.get("restarts") else ""

@@ -13,7 +13,7 @@ listener; gauges are read from the current snapshot at scrape time, so a
 model that disappears stops being exported instead of freezing at its last
 value, and a stale snapshot (``ApiState.max_age_s``) exports none of its
 values. ``migscale_tick_errors_total`` comes from the run loop's health: ticks
-that raised out of the loop (a bug or a broken hook), each backed off.
+that raised (each logged with its traceback and backed off).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class _SnapshotCollector(Collector):
         yield GaugeMetricFamily("migscale_ready", "1 while a current picture is published (see /readyz)",
                                 value=1 if self.state.ready else 0)
         if self.state.health is not None:
-            yield CounterMetricFamily("migscale_tick_errors", "Control ticks that raised out of the loop",
+            yield CounterMetricFamily("migscale_tick_errors", "Control ticks that raised (traceback in the controller log)",
                                       value=self.state.health().tick_errors)
         if snap.t_s is not None:
             yield GaugeMetricFamily("migscale_last_tick_timestamp_seconds", "Time of the last published tick",

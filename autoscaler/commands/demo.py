@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from autoscaler.commands._common import load_or_exit
+from autoscaler.commands._common import fail, load_or_exit
 
 
 def register(app: typer.Typer) -> None:
@@ -25,7 +25,11 @@ def register(app: typer.Typer) -> None:
 
         Example: migscale demo examples/models.yaml examples/cluster.yaml --results demo-results
         """
+        from autoscaler.act.local.preflight import preflight
         from autoscaler.runtime.demo import run_demo
 
         models_cfg, cluster_cfg = load_or_exit(models, cluster)
+        problems = preflight(models_cfg, cluster_cfg)
+        if problems:
+            fail([f"{models}: {p}" if p.startswith("models[") else f"{cluster}: {p}" for p in problems])
         raise typer.Exit(run_demo(models, models_cfg, cluster_cfg, results, live=live, reaction_s=reaction_s))

@@ -6,7 +6,10 @@ decision as rich tables: per model the demand windows,
 panic, correction, replicas now and wanted, the req/s asked of the planner,
 the reasons; the predictive floor (forecast, horizon, learned headroom and
 why it is what it is) beside the burst layer's ask; each HPA stage's
-outcome; then the actions issued.
+outcome; then the actions issued. With a running controller's
+``RUN_DIR/status.json`` it adds what is crash-looping and why (restarts, next
+restart, last error lines): a model short of replicas for that reason is
+explained by it, not only by the planner's reasons.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from autoscaler.commands._common import fail
+from autoscaler.status import crashloop_lines
 
 LOG_NAME = "decisions.jsonl"
 
@@ -188,7 +192,22 @@ def register(app: typer.Typer) -> None:
             fail([f"{field}: cannot read {path}: {exc}"])
         if rec is None:
             fail([f"{field}: {path} holds no decision yet"])
+        status = _status(run_dir) if log is None else None
         if as_json:
+            if status is not None:
+                rec = {**rec, "crashloop": [r for r in status.get("replicas", []) if r.get("state") == "crashloop"],
+                       "crashloop_held": status.get("crashloop_held", [])}
             typer.echo(json.dumps(rec, indent=2, sort_keys=True))
         else:
             render(rec)
+            for line in crashloop_lines(status or {}):
+                typer.echo(line)
+
+
+def _status(run_dir: Path) -> dict[str, Any] | None:
+    """The running controller's status document, when there is one."""
+    try:
+        doc = json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from autoscaler.act.local.preflight import preflight as local_preflight
 from autoscaler.commands._common import fail, load_or_exit
 from autoscaler.config import ClusterConfig, ModelsConfig, initial_cluster_state, model_specs
 from autoscaler.mig import (
@@ -56,13 +57,21 @@ def _mix(layout: tuple[Placement, ...]) -> str:
 def validate(
     models: Annotated[str, typer.Argument(help="models.yaml")],
     cluster: Annotated[str, typer.Argument(help="cluster.yaml")],
+    preflight: Annotated[bool, typer.Option(
+        "--preflight/--no-preflight",
+        help="also check what the local backend needs: tritonserver, config.pbtxt, torch for multinode models",
+    )] = True,
 ) -> None:
     """Check MODELS and CLUSTER alone and together; print what they describe.
 
     Exit 0 when both are valid, 2 with one line per problem (file, field path,
-    offending value) otherwise.
+    offending value; a missing dependency with its install command) otherwise.
     """
     models_cfg, cluster_cfg = load_or_exit(models, cluster)
+    if preflight:
+        problems = local_preflight(models_cfg, cluster_cfg, import_modules=False)
+        if problems:
+            fail([f"{models}: {p}" if p.startswith("models[") else f"{cluster}: {p}" for p in problems])
     _summary(models_cfg, cluster_cfg)
 
 

@@ -1,26 +1,37 @@
 """``migscale up | down | status``: the local backend on one machine, no Kubernetes.
 
-``up`` starts the front door (nginx), Prometheus (or the direct-scrape
-fallback), ``min_replicas`` of each MIG model, and supervises until Ctrl-C or
-SIGTERM; then it stops everything it started, in order. ``run_controller``
-is that main body, one function, so the control loop and the metrics API can
-be wired into it (a ``LocalController``). ``down`` stops a running controller (and any
-orphan it left) by recorded PID; ``status`` reads the ``status.json`` the
-running controller rewrites every second.
+``up`` takes the run directory's lock (one controller per run directory:
+``flock``, atomic, released by the kernel however the controller dies),
+stops whatever a previous controller left there, runs the preflight (exit 2
+naming a missing dependency with its install command) and the port checks
+(exit 2 naming the port and its holder), then starts the front door (nginx),
+Prometheus (or the direct-scrape fallback), ``min_replicas`` of each model,
+and supervises until Ctrl-C or SIGTERM; then it stops everything it started,
+in order. ``run_controller`` (runtime/local.py) is that main body, with the
+control loop and the metrics API wired in (a ``LocalController``). Its log, with the traceback of any failed tick, is
+``run_dir/controller.log`` (size-capped, one rotated part).
+
+``down`` stops the running controller and then every process started from the
+run directory (``pids.sweep``: our process groups and the run-dir mark every
+child carries), whatever happened before. ``status`` reads the
+``status.json`` the running controller rewrites every second.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import logging.handlers
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import typer
 
-from autoscaler.act.local.pids import ProcRecord, load_records, stop_recorded, write_json_atomic
+from autoscaler.act.local.pids import ProcRecord, RunDirLock, load_records, sweep, write_json_atomic
+from autoscaler.act.local.ports import PortInUse, check_bindable
+from autoscaler.act.local.preflight import preflight
 from autoscaler.commands._common import fail, load_or_exit
 from autoscaler.runtime.live_models import LiveModels
 from autoscaler.runtime.local import LocalController, run_controller
@@ -28,6 +39,8 @@ from autoscaler.runtime.local_setup import SetupError, cluster_from_config
 from autoscaler.status import render_table
 
 EXIT_NOT_RUNNING = 1
+# controller.log: 5 MB and one rotated part (a traceback every 5 s tick is ~2 KB: hours of it).
+LOG_MAX_BYTES = 5 * 1024 * 1024
 
 
 def _say(msg: str) -> None:
@@ -38,26 +51,38 @@ def _say(msg: str) -> None:
 
 
 def _controller(run_dir: Path) -> tuple[ProcRecord | None, dict]:
-    """The recorded controller and whether it still runs."""
+    """The controller recorded in ``controller.json`` (None, {} without one)."""
     try:
         data = json.loads((run_dir / "controller.json").read_text())
-        rec = ProcRecord(**data["process"])
-        return rec, data
+        return ProcRecord(**data["process"]), data
     except (OSError, ValueError, KeyError, TypeError):
         return None, {}
 
 
 def _live_controller(run_dir: Path) -> ProcRecord | None:
+    """The recorded controller while it runs: it holds the run dir's lock (``migscale apply``)."""
     rec, _ = _controller(run_dir)
-    return rec if rec is not None and rec.matches() else None
+    return rec if rec is not None and RunDirLock(run_dir).held_by_other() and rec.matches() else None
 
 
 def _clean_stale(run_dir: Path) -> list[int]:
-    """Stop orphans of a controller that died without cleaning up; forget its records."""
-    stopped = stop_recorded(load_records(run_dir))
+    """Stop everything a controller that is gone left behind; forget its records.
+    The caller holds the run dir's lock, so nothing found here is a live controller's."""
+    stopped = sweep(run_dir, load_records(run_dir))
     for f in ("controller.json", "status.json", "pids.json"):
         (run_dir / f).unlink(missing_ok=True)
     return stopped
+
+
+def _controller_log(run_dir: Path) -> logging.Handler:
+    """Everything the controller logs (``migscale.*``: supervisor, tick failures with their
+    traceback) goes to ``run_dir/controller.log``, rotated at ``LOG_MAX_BYTES``."""
+    h = logging.handlers.RotatingFileHandler(run_dir / "controller.log", maxBytes=LOG_MAX_BYTES, backupCount=1)
+    h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("migscale")
+    root.addHandler(h)
+    root.setLevel(logging.INFO)
+    return h
 
 
 # ---------------------------------------------------------------- commands
@@ -81,20 +106,36 @@ def register(app: typer.Typer) -> None:
         models_cfg, cluster_cfg = load_or_exit(models, cluster)
         rd = (run_dir or Path(cluster_cfg.local.run_dir)).resolve()
         rd.mkdir(parents=True, exist_ok=True)
-        live = _live_controller(rd)
-        if live is not None and live.pid != os.getpid():
-            msg = (
-                f"--run-dir {rd}: a controller is already running there (pid {live.pid}); "
-                f"run `migscale down --run-dir {rd}` first"
-            )
-            fail([msg])
+        lock = RunDirLock(rd)
+        if not lock.acquire():
+            holder = lock.holder()
+            who = f" (pid {holder})" if holder is not None else ""
+            fail([(f"--run-dir {rd}: a controller is already running there{who}; "
+                   f"run `migscale down --run-dir {rd}` first")])
+        try:
+            _up(models, cluster, models_cfg, cluster_cfg, rd, control)
+        finally:
+            lock.release()
+
+    def _up(models, cluster, models_cfg, cluster_cfg, rd: Path, control: bool) -> None:
         stale = _clean_stale(rd)
         if stale:
             _say(f"cleaned up {len(stale)} orphan process(es) of a previous controller: {stale}")
+        problems = preflight(models_cfg, cluster_cfg)
+        if problems:
+            fail([f"{models}: {p}" if p.startswith("models[") else f"{cluster}: {p}" for p in problems])
+        local = cluster_cfg.local
+        try:
+            check_bindable(local.frontdoor_port, "local.frontdoor_port (front door)")
+            if control:
+                check_bindable(local.api_port, "local.api_port (metrics API)")
+        except PortInUse as e:
+            fail([f"{cluster}: {e}"])
         try:
             lc = cluster_from_config(models_cfg, cluster_cfg, rd)
         except SetupError as e:
             fail([f"{cluster}: {e}"])
+        handler = _controller_log(rd)
         me = ProcRecord.of(os.getpid(), "controller")
         write_json_atomic(
             rd / "controller.json",
@@ -122,6 +163,7 @@ def register(app: typer.Typer) -> None:
                 _say(f"web view:    {api.url}/ui")
             run_controller(lc, models_cfg, cluster_cfg, stop, ctl if control else None, say=_say, live=live)
         except Exception as e:
+            logging.getLogger("migscale.up").exception("the controller failed")
             _say(f"error: {type(e).__name__}: {e}")
             raise typer.Exit(1)
         finally:
@@ -129,6 +171,8 @@ def register(app: typer.Typer) -> None:
             for s, h in old.items():
                 signal.signal(s, h)
             (rd / "controller.json").unlink(missing_ok=True)
+            logging.getLogger("migscale").removeHandler(handler)
+            handler.close()
         _say("stopped")
 
     @app.command("down")
@@ -136,24 +180,33 @@ def register(app: typer.Typer) -> None:
         run_dir: Path = typer.Option(Path(".migscale"), "--run-dir", help="state dir of the controller"),
         timeout_s: float = typer.Option(60.0, "--timeout-s", help="wait this long for a clean stop"),
     ) -> None:
-        """Stop the controller running in RUN_DIR and every process it started.
+        """Stop the controller running in RUN_DIR and every process started from it.
 
         Example: migscale down --run-dir .migscale
         """
         rd = run_dir.resolve()
-        live = _live_controller(rd)
+        if not rd.is_dir():
+            _say(f"no controller running in {rd}")
+            return
+        lock = RunDirLock(rd)
+        live = lock.holder() if lock.held_by_other() else None
         if live is not None:
-            os.kill(live.pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline and live.matches():
-                time.sleep(0.1)
-            if live.matches():
-                _say(f"controller {live.pid} did not stop within {timeout_s:.0f}s; killing its children")
-        leftovers = _clean_stale(rd)
+            os.kill(live, signal.SIGTERM)
+            if not lock.wait_free(timeout_s):
+                _say(f"controller {live} did not stop within {timeout_s:.0f}s; killing it")
+                os.kill(live, signal.SIGKILL)
+                lock.wait_free(10.0)
+        # Hold the lock while sweeping: no `up` may start in the middle of it.
+        if not lock.acquire():
+            fail([f"--run-dir {rd}: the controller holding {lock.path} did not stop"], code=EXIT_NOT_RUNNING)
+        try:
+            leftovers = _clean_stale(rd)
+        finally:
+            lock.release()
         if live is None and not leftovers:
             _say(f"no controller running in {rd}")
             return
-        msg = f"stopped controller {live.pid}" if live else "no controller was running"
+        msg = f"stopped controller {live}" if live else "no controller was running"
         _say(msg + (f"; stopped orphans {leftovers}" if leftovers else ""))
 
     @app.command("status")
@@ -161,12 +214,14 @@ def register(app: typer.Typer) -> None:
         run_dir: Path = typer.Option(Path(".migscale"), "--run-dir", help="state dir of the controller"),
         as_json: bool = typer.Option(False, "--json", help="print the status document as JSON"),
     ) -> None:
-        """Show the replicas of the running controller: model, profile, GPU/slot, port, state, req/s, p99.
+        """Show the replicas of the running controller: model, profile, GPU/slot, port, state, restarts, req/s, p99.
+
+        A crash-looping replica shows ``crashloop`` with its restart count and last error lines.
 
         Example: migscale status --json --run-dir .migscale
         """
         rd = run_dir.resolve()
-        if _live_controller(rd) is None:
+        if not RunDirLock(rd).held_by_other():
             typer.echo(
                 f"no controller running in {rd} (start one with `migscale up MODELS CLUSTER`)", err=True
             )
@@ -177,3 +232,4 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"the controller in {rd} has not written status.json yet; try again", err=True)
             raise typer.Exit(EXIT_NOT_RUNNING)
         typer.echo(json.dumps(doc, indent=2) if as_json else render_table(doc))
+

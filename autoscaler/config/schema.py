@@ -492,6 +492,23 @@ class PolicyConfig(_Strict):
         return self
 
 
+class RestartBackoffConfig(_Strict):
+    """Restart back-off of the local backend's processes: kubelet's CrashLoopBackOff defaults
+    (10 s doubling to 5 min, reset after 10 min of running)."""
+
+    initial_s: float = Field(default=10, ge=0, le=3600)
+    max_s: float = Field(default=300, ge=0, le=86_400)
+    reset_after_s: float = Field(default=600, ge=0, le=86_400, description="running this long resets it")
+
+    @model_validator(mode="after")
+    def _order(self) -> RestartBackoffConfig:
+        p = Problems()
+        if self.initial_s > self.max_s:
+            p.add("initial_s", f"must be <= max_s ({self.max_s:g})", self.initial_s)
+        p.raise_if_any()
+        return self
+
+
 class LocalConfig(_Strict):
     tritonserver: str | None = Field(default=None, description="path; default: the nvidia-pytriton wheel's")
     run_dir: str = ".migscale"
@@ -499,6 +516,7 @@ class LocalConfig(_Strict):
     api_port: int = Field(default=8080, ge=0, le=65535, description="0 = pick a free port")
     prometheus: Literal["auto", "off"] = "auto"
     model_repository: str = "triton_models"
+    restart_backoff: RestartBackoffConfig = Field(default_factory=RestartBackoffConfig)
 
     @model_validator(mode="after")
     def _ports(self) -> LocalConfig:

@@ -53,6 +53,9 @@ class ReplicaState(str, Enum):
     READY = "ready"
     DRAINING = "draining"
     FAILED = "failed"
+    # Exited again soon after a restart; waiting out its back-off before the next
+    # one (kubelet's CrashLoopBackOff). Not capacity: the policy places elsewhere.
+    CRASHLOOP = "crashloop"
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ driver's health says it is current (``/readyz``, stale values absent).
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import threading
 import time
@@ -27,6 +29,7 @@ from typing import Any
 
 from autoscaler.act.local.cluster import LocalCluster
 from autoscaler.act.local.pids import write_json_atomic
+from autoscaler.act.local.prometheus import SCRAPE_INTERVAL_S, HoldWhileWarming
 from autoscaler.api.app import create_app
 from autoscaler.api.server import ServerHandle, serve_in_thread
 from autoscaler.api.state import ApiState
@@ -41,6 +44,7 @@ from autoscaler.policy.types import ReplicaState
 from autoscaler.runtime.local_setup import initial_actions
 
 STATUS_EVERY_S = 1.0
+log = logging.getLogger("migscale.local")
 
 # The local backend's emulated repartition takes no time (see act/local/cluster.py).
 LOCAL_REPARTITION_S = 0.0
@@ -102,7 +106,11 @@ class LocalController:
         c = self.cluster
         stale = float(self.cluster_cfg.policy.metrics_stale_s)
         if c.prometheus_url:
-            main = PrometheusSource(c.prometheus_url, window_s=self.window_s, metrics_stale_s=stale)
+            # After a Prometheus restart (or a full disk) its windows are partial: hold until it
+            # has scraped a whole long window (act/local/prometheus.py says what happened without this).
+            c.prom.warm_s = max(self.window_s, float(self.cluster_cfg.policy.long_window_s)) + 2 * SCRAPE_INTERVAL_S
+            main = HoldWhileWarming(
+                PrometheusSource(c.prometheus_url, window_s=self.window_s, metrics_stale_s=stale), c.prom)
         else:
             main = ScrapeSource(self._targets, window_s=self.window_s, long_window_s=2 * self.window_s,
                                 metrics_stale_s=stale)
@@ -158,6 +166,11 @@ class LocalController:
             result = loop.tick()
             self._tick_s = time.perf_counter() - t0
         return result
+
+    @property
+    def tick_errors(self) -> int:
+        """Ticks whose exception the loop caught and logged (the driver adds those that escaped)."""
+        return self.loop.tick_errors if self.loop is not None else 0
 
     def build_driver(self, idle: Callable[[], None] | None = None) -> Driver:
         """The run loop around ``tick``; the metrics API follows its health."""
@@ -224,17 +237,16 @@ def run_controller(
             say(f"warning: {err}")
         for r in cluster.replicas():
             say(f"replica {r.id}: {r.model} on {r.profile} {r.gpu}@{r.start} port {r.port} {r.state.value}")
-        seen = [len(cluster.events)]
+        seen = [cluster.events_total]
 
         def idle() -> None:
             if live is not None:
                 live.poll()
             cluster.refresh_loads()
             _write_status(cluster, status_path, live)
-            new = cluster.events[seen[0]:] if len(cluster.events) >= seen[0] else cluster.events
+            new, seen[0] = cluster.events_since(seen[0])
             for e in new:
                 say(e)
-            seen[0] = len(cluster.events)
             if controller is None:  # with a loop, its ticks report these (TickResult.late_errors)
                 for err in cluster.take_errors():
                     say(f"warning: {err}")
@@ -259,4 +271,17 @@ def _write_status(cluster: LocalCluster, path: Path, live: Any = None) -> None:
     doc = cluster.status(controller_pid=os.getpid())
     if live is not None:
         doc["config"] = live.describe()
-    write_json_atomic(path, doc)
+    try:
+        write_json_atomic(path, doc)
+        _status_errors.clear()
+    except OSError as e:
+        # Disk full: `migscale status` reads a stale file for a while; the stack keeps serving.
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            cluster.prom.storage_failed()  # its TSDB is on the same disk: its windows have a gap
+        if not _status_errors:
+            log.warning("cannot write %s: %s (retrying every second)", path, e)
+        _status_errors.append(str(e))
+        del _status_errors[:-1]
+
+
+_status_errors: list[str] = []  # non-empty while status.json cannot be written

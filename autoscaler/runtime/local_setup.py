@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autoscaler.act.local.backoff import BackoffPolicy
 from autoscaler.act.local.cluster import LocalCluster
 from autoscaler.act.local.replicas import ModelRuntime
 from autoscaler.config import ClusterConfig, ModelsConfig, initial_cluster_state, model_specs
@@ -78,6 +79,7 @@ def cluster_from_config(
         prometheus=kw.pop("prometheus", local.prometheus),
         tritonserver=local.tritonserver,
         mig_uuids=uuids,
+        restart_backoff=BackoffPolicy(**local.restart_backoff.model_dump()),
         **kw,
     )
 

@@ -59,6 +59,16 @@ class FakeProcess:
     def tail_log(self, lines: int = 20) -> str:
         return "fake process: exited at start" if self.fails else "fake process"
 
+    def error_lines(self, keep: int = 5) -> list[str]:
+        return ["fake process: exited at start"] if self.fails else []
+
+    def reap(self) -> None:
+        """Nothing outlives a fake process (a real one's stubs are killed here)."""
+
+    @property
+    def log_path(self) -> Path:
+        return Path(f"/nonexistent/fake-{self.replica_id}.log")  # rotate_log skips a missing file
+
 
 class FakeLauncher:
     """``ReplicaLauncher`` of fake processes; records every start in ``started``."""

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from autoscaler.api import ApiState, create_app, serve_in_thread
 from autoscaler.api.synthetic import demo_models, demo_tick
+from autoscaler.policy.types import ReplicaState
+from autoscaler.status import ReplicaEndpoint, ReplicaHealth, build_status
 
 pytestmark = pytest.mark.browser
 
@@ -110,5 +113,33 @@ def test_phone_width(served, browser):
         overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
         assert overflow <= 0
         page.screenshot(path=str(ARTIFACTS / "ui-phone.png"), full_page=True)
+    finally:
+        page.close()
+
+
+def test_crash_looping_replica_is_shown_with_its_error(served, browser):
+    """A replica in CrashLoopBackOff: its slot says so, with restarts and the wait; hovering
+    shows the last error lines; the header names it. Runs last: it changes the served state."""
+    state, handle = served
+    obs, plan, cluster = demo_tick(time.time())
+    reps = tuple(replace(r, state=ReplicaState.CRASHLOOP) if r.id == "resnet-1" else r for r in cluster.replicas)
+    cluster = replace(cluster, replicas=reps)
+    err = "E1201 model_lifecycle.cc:642] failed to load 'resnet': RuntimeError: cannot open weights"
+    status = build_status(
+        cluster, frontdoor="http://127.0.0.1:8000", metrics_api=None, prometheus=None,
+        endpoints={r.id: ReplicaEndpoint(None, None) for r in reps},
+        health={"resnet-1": ReplicaHealth(restarts=3, next_restart_in_s=37.0, last_error=(err,), exit_code=1)},
+    )
+    state.update(obs, plan, cluster, demo_models(), status=status, slo_p99_ms={"resnet": 50.0, "bert": 200.0})
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    try:
+        page.goto(handle.url + "/ui")
+        sel = "article.gpu .rep[data-replica='resnet-1']"
+        page.wait_for_selector(sel + ".crashloop", timeout=10_000)
+        assert page.inner_text(sel + " .rep-state") == "crashloop · 3 restarts · retry in 37 s"
+        assert "cannot open weights" in page.get_attribute(sel, "title")
+        page.wait_for_function("document.getElementById('conn').textContent.includes('crash-looping: resnet-1')",
+                               timeout=5_000)
+        page.screenshot(path=str(ARTIFACTS / "ui-crashloop.png"), full_page=True)
     finally:
         page.close()

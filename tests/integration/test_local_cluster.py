@@ -25,6 +25,7 @@ import tritonclient.http as th
 from _support import wait_until
 
 from autoscaler.act.local.cluster import LocalCluster
+from autoscaler.act.local.pids import load_records, proc_alive, proc_command, started_from
 from autoscaler.act.local.replicas import ModelRuntime
 from autoscaler.mig.layout import Placement
 from autoscaler.policy.types import Action, ActionKind, GpuState, Reason, ReplicaState
@@ -34,14 +35,6 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2] / "triton_models"
 GPU = "node-a/0"
 R = Reason.SCALE_UP_DEMAND
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _descendants(pid: int) -> set[int]:
@@ -132,8 +125,6 @@ class Load:
             t.join(60)
 
 
-
-
 def _success_count(replica) -> float:
     with urllib.request.urlopen(replica.process.url_metrics, timeout=2) as r:
         text = r.read().decode()
@@ -167,7 +158,7 @@ def cluster(tmp_path_factory):
     finally:
         watch.sweep()
         c.stop()
-        left = sorted(p for p in watch.seen if _alive(p))
+        left = sorted(p for p in watch.seen if proc_alive(p))
         assert left == [], f"processes started by the test still running: {left}"
         assert json.loads((run_dir / "pids.json").read_text())["children"] == []
 
@@ -215,7 +206,7 @@ def test_scale_1_3_1_under_load_loses_no_request(cluster):
         wait_until(lambda: load.ok > ok_after_drain + 20, 30, "load to continue on the remaining replica")
     remaining = _by_model(cluster, "resnet")
     assert [(r.profile, r.start, r.state) for r in remaining] == [("1g.10gb", 6, ReplicaState.READY)]
-    assert not any(_alive(p) for p in new_pids)
+    assert not any(proc_alive(p) for p in new_pids)
     assert load.failures == []
     assert load.ok > 40
     # the emulated instances stay in the layout (MIG instances outlive replicas)
@@ -242,7 +233,7 @@ def test_killed_replica_is_replaced_and_serves_within_10s(cluster):
     r = cluster.replica(victim.id)
     assert (r.gpu, r.start, r.profile) == (victim.gpu, victim.start, victim.profile)  # same instance
     assert r.restarts == 1
-    assert not _alive(old_pid)
+    assert not proc_alive(old_pid)
 
 
 def test_prometheus_scrapes_every_replica(cluster):
@@ -362,7 +353,7 @@ def test_cli_up_status_down_leaves_no_orphans(tmp_path, stop_with):
         out, _ = up.communicate(timeout=60)
         assert up.returncode == 0, out
         assert "front door:" in out and "metrics API:" in out
-        assert [p for p in pids if _alive(p)] == []
+        assert [p for p in pids if proc_alive(p)] == []
         gone = _cli("status", "--run-dir", str(run_dir))
         assert gone.returncode == 1 and "no controller running" in gone.stderr
     finally:
@@ -373,6 +364,8 @@ def test_cli_up_status_down_leaves_no_orphans(tmp_path, stop_with):
 
 
 def test_cli_up_after_a_crashed_controller_cleans_its_orphans(tmp_path):
+    """kill -9 of the controller: its children die with it (parent-death signal); `up`
+    again brings the same replicas back and nothing of the old stack runs beside them."""
     models, cluster, run_dir = _write_configs(tmp_path)
     up = subprocess.Popen(
         [sys.executable, "-m", "autoscaler", "up", str(models), str(cluster), "--run-dir", str(run_dir)],
@@ -383,10 +376,11 @@ def test_cli_up_after_a_crashed_controller_cleans_its_orphans(tmp_path):
     up2 = None
     try:
         wait_until(lambda: _status_ready(run_dir), 90, "both replicas ready", interval_s=0.5)
+        before = json.loads((run_dir / "status.json").read_text())["replicas"]
         orphans = _recorded(run_dir)
         os.kill(up.pid, signal.SIGKILL)  # the controller dies without cleaning up
         up.wait(10)
-        assert any(_alive(p) for p in orphans)
+        wait_until(lambda: not [p for p in orphans if proc_alive(p)], 15, "the dead controller's children to exit")
         up2 = subprocess.Popen(
             [sys.executable, "-m", "autoscaler", "up", str(models), str(cluster), "--run-dir", str(run_dir)],
             stdout=subprocess.PIPE,
@@ -395,11 +389,14 @@ def test_cli_up_after_a_crashed_controller_cleans_its_orphans(tmp_path):
             start_new_session=True,
         )
         wait_until(lambda: _status_ready(run_dir), 90, "the new controller's replicas ready", interval_s=0.5)
-        left = [p for p in orphans if _alive(p)]
+        after = json.loads((run_dir / "status.json").read_text())["replicas"]
+        assert sorted(r["model"] for r in after) == sorted(r["model"] for r in before)
+        tritons = [p for p in started_from(run_dir, load_records(run_dir)) if "tritonserver" in proc_command(p)]
+        assert len(tritons) == len(after)  # no duplicate tritonserver of the old stack
         os.kill(up2.pid, signal.SIGTERM)
         out, _ = up2.communicate(timeout=60)
-        assert left == [], out  # no duplicates: the old stack is gone
-        assert "cleaned up" in out and "orphan" in out
+        assert "stopped" in out
+        assert started_from(run_dir, []) == {}, out
     finally:
         for p in (up, up2):
             if p is not None and p.poll() is None:

@@ -25,7 +25,7 @@ import pytest
 import tritonclient.http as th
 
 from autoscaler.act.local.cluster import LocalCluster
-from autoscaler.act.local.pids import load_records, stop_recorded
+from autoscaler.act.local.pids import load_records, proc_alive, stop_recorded
 from autoscaler.act.local.replicas import ModelRuntime
 from autoscaler.policy.planner import plan
 from autoscaler.policy.types import ActionKind, GpuState, ModelSpec, ReplicaState
@@ -60,14 +60,6 @@ def _rdma_gpus(n: int) -> list[GpuState]:
         )
         for i in range(n)
     ]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _children(pids: set[int]) -> set[int]:
@@ -111,9 +103,9 @@ def cluster(tmp_path):
         seen.update(_children(seen))
         c.stop()
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and [p for p in seen if _alive(p)]:
+        while time.monotonic() < deadline and [p for p in seen if proc_alive(p)]:
             time.sleep(0.1)
-        assert not [p for p in seen if _alive(p)], "processes left behind"
+        assert not [p for p in seen if proc_alive(p)], "processes left behind"
 
 
 def _x(rows: int = 2, seed: int = 0) -> np.ndarray:
@@ -136,8 +128,6 @@ def _converge(c: LocalCluster, demand: float) -> list:
     errors = c.apply_and_wait(p.actions, 120)
     assert errors == []
     return list(p.actions)
-
-
 
 
 def test_group_serves_reference_results_through_nginx_and_plans_idempotently(cluster):
@@ -193,7 +183,7 @@ def test_group_serves_reference_results_through_nginx_and_plans_idempotently(clu
     members_before = set(r.pids())
     signalled = stop_recorded(load_records(cluster.run_dir), term_timeout_s=10)
     assert members_before <= set(signalled)
-    wait_until(lambda: not any(_alive(p) for p in members_before), 15, "members to exit")
+    wait_until(lambda: not any(proc_alive(p) for p in members_before), 15, "members to exit")
 
 
 def test_killed_worker_recreates_the_whole_group_and_it_serves_again(cluster):
@@ -207,7 +197,7 @@ def test_killed_worker_recreates_the_whole_group_and_it_serves_again(cluster):
         30,
         "the group to be recreated and ready",
     )
-    assert r.restarts == 1 and not _alive(leader)
+    assert r.restarts == 1 and not proc_alive(leader)
     recorded = {rec.pid for rec in load_records(cluster.run_dir)}
     assert set(r.pids()) <= recorded and not ({leader, worker} & recorded)
     x = _x(2, seed=2)
@@ -272,7 +262,7 @@ def test_scaling_one_to_two_groups_and_back_under_load_loses_no_requests(cluster
             f"{second.id}-1",
         }
         assert cluster.replicas() == [first]
-        assert not any(_alive(p) for p in second.pids())
+        assert not any(proc_alive(p) for p in second.pids())
         before = load.ok
         wait_until(lambda: load.ok >= before + 5, 60, "load after the scale-down")
     assert load.failures == []

@@ -79,6 +79,8 @@ def _make_repo(root: Path) -> None:
     for name in ("resnet", "bert", "llm"):
         (root / "repo" / name).mkdir(parents=True, exist_ok=True)
         (root / "repo" / name / "config.pbtxt").write_text(f'name: "{name}"\n')
+    # the multinode model's ranks 1..N-1 (the preflight of `validate` checks it is there)
+    (root / "repo" / "llm" / "worker.py").write_text("")
 
 
 def _problems(models_text: str, cluster_text: str, root: Path) -> list[str]:

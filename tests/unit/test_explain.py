@@ -75,6 +75,24 @@ def test_explain_missing_log_exits_2_naming_the_option(tmp_path):
     assert res.exit_code == 2 and "--log" in res.output
 
 
+def test_explain_says_what_crash_loops_and_why(tmp_path):
+    write_log(tmp_path / "decisions.jsonl")
+    (tmp_path / "status.json").write_text(json.dumps({
+        "replicas": [{"id": "a-1", "model": "a", "state": "crashloop", "restarts": 4, "next_restart_in_s": 75.0,
+                      "last_error": ["ModuleNotFoundError: No module named 'torch'"]},
+                     {"id": "a-0", "model": "a", "state": "ready", "restarts": 0}],
+        "crashloop_held": ["a"],
+    }))
+    res = CliRunner().invoke(app, ["explain", "--run-dir", str(tmp_path)], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    assert "a-1: crashloop after 4 restart(s), next restart in 75s; last error:" in res.output
+    assert "No module named 'torch'" in res.output
+    assert "a: every replica tried crash-loops" in res.output
+    assert "a-0:" not in res.output
+    out = json.loads(CliRunner().invoke(app, ["explain", "--run-dir", str(tmp_path), "--json"]).output)
+    assert [r["id"] for r in out["crashloop"]] == ["a-1"] and out["crashloop_held"] == ["a"]
+
+
 def test_explain_says_where_each_models_headroom_comes_from():
     from autoscaler.commands.explain import headroom_sentence
 

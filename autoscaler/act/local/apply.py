@@ -99,7 +99,7 @@ class ApplyMixin:
     _apply_lock: threading.RLock
     _drains: dict[str, threading.Thread]
     _deleting: set[str]
-    _gone: set[str]
+    _gone: Any  # a bounded set of ids (cluster.py)
     _pending: dict[str, dict[int, str]]
     _member_of: dict[str, str]
     _loads: dict[str, ReplicaLoad]
@@ -112,6 +112,7 @@ class ApplyMixin:
     sync_targets: Callable[[], None]
     _record: Callable[[LocalReplica], None]
     _create_member: Callable[[Action, ModelRuntime], str | None]
+    crashloop_held: Callable[[], frozenset[str]]
 
     # ------------------------------------------------------------ Actuator
     def apply(self, actions: Sequence[Action]) -> list[str]:
@@ -143,8 +144,13 @@ class ApplyMixin:
         and model busy -- the snapshot will count it again once it is back,
         so planning a replacement would double it. A replica that is only
         starting is capacity on its way: its GPU and model may keep changing.
+        A CRASHLOOP replica is neither: the policy counts it as missing and
+        places a replacement elsewhere -- unless that replacement crash-loops
+        too, then the model is held (``crashloop_held``, supervisor.py): the
+        fault is the model's, and more replicas would only loop as well.
         """
         self.advance()
+        held = self.crashloop_held()
         with self._apply_lock, self._lock:
             gpus, models = self.queue.busy(self._owner)
             for r in self._replicas.values():
@@ -153,7 +159,7 @@ class ApplyMixin:
                 elif r.state is ReplicaState.FAILED and self.auto_replace:
                     gpus.update(r.gpus)
                     models.add(r.model)
-            return frozenset(gpus), frozenset(models)
+            return frozenset(gpus), frozenset(models | held)
 
     def settled(self) -> bool:
         """Nothing queued, no replica starting, no drain running (queued chains moved on first)."""
@@ -324,6 +330,9 @@ class ApplyMixin:
                 return f"wait_ready {rid}: replica failed ({r.process.tail_log(3)})"
             if r.state is ReplicaState.DRAINING:
                 return f"wait_ready {rid}: replica is draining"
+            if r.state is ReplicaState.CRASHLOOP:
+                last = r.last_error[-1] if r.last_error else f"exit {r.exit_code}"
+                return f"wait_ready {rid}: crash-looping ({last})"
             since = chain.head_since if chain.head_since is not None else now
             if now - since > self.wait_ready_timeout_s:
                 return f"wait_ready {rid}: not ready after {self.wait_ready_timeout_s:.0f}s"

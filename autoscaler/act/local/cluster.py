@@ -6,10 +6,13 @@ nginx front door and Prometheus (or the direct-scrape fallback). The loop
 reads ``snapshot()`` and hands ``apply(actions)`` the plan's actions, which
 ``apply.py`` carries out under the actuator contract of ``protocols.py``
 without ever blocking; the supervisor thread (``supervisor.py``) marks
-replicas READY or FAILED every 0.2 s and moves queued action chains on.
+replicas READY, FAILED or CRASHLOOP every 0.2 s and moves queued action
+chains on.
 
-A replica whose process dies is marked FAILED and restarted on the same
-instance (same id, new ports). Every PID started is in ``run_dir/pids.json``.
+A replica whose process dies is restarted on the same instance (same id, new
+ports) under kubelet's back-off, CRASHLOOP while it waits (act/local/supervisor.py).
+Every PID started is in ``run_dir/pids.json``; every process is in a process
+group we created and dies with the controller (act/local/procs.py).
 
 Multinode models (``backend: multinode``): the planner CREATEs one member per
 whole GPU (ids ``"<model>-g<k>-<rank>"``, profile ``"whole"``); the CREATEs of
@@ -23,27 +26,32 @@ DRAIN/DELETE of any member stop the whole group.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Self
 
 from autoscaler.act.local.apply import ApplyMixin, ProcessLauncher, ReplicaLauncher
+from autoscaler.act.local.backoff import BackoffPolicy, RestartBackoff
 from autoscaler.act.local.groups import GroupsMixin
 from autoscaler.act.local.nginx import NginxFrontDoor, Route
-from autoscaler.act.local.pids import PidRegistry
+from autoscaler.act.local.pids import PidRegistry, sweep
 from autoscaler.act.local.probe import ReplicaLoad, load_between, scrape
 from autoscaler.act.local.prometheus import PrometheusServer, ScrapeTarget
 from autoscaler.act.local.replicas import LocalReplica, ModelRuntime, replica_env
-from autoscaler.act.local.supervisor import SupervisionMixin, Supervisor
+from autoscaler.act.local.supervisor import InfraState, SupervisionMixin, Supervisor
 from autoscaler.act.local.triton import free_port
 from autoscaler.clock import Clock, WallClock
 from autoscaler.policy.types import ClusterState, GpuState, ReplicaState
 from autoscaler.protocols import ActionQueue
-from autoscaler.status import ReplicaEndpoint, ReplicaNumbers, build_status
+from autoscaler.status import ReplicaEndpoint, ReplicaHealth, ReplicaNumbers, build_status
+
+_log = logging.getLogger("migscale.local")
 
 
 class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
@@ -65,6 +73,7 @@ class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
         auto_replace: bool = True,
         emulate: bool = True,
         launcher: ReplicaLauncher | None = None,
+        restart_backoff: BackoffPolicy | None = None,
     ) -> None:
         """``launcher``: where replica processes come from (default: real ``tritonserver``
         processes); the contract suite injects fast fake ones."""
@@ -90,7 +99,8 @@ class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
         self._router_lock = threading.Lock()
         self._drains: dict[str, threading.Thread] = {}
         self._deleting: set[str] = set()  # replicas a DELETE asked to go (their drain removes them)
-        self._gone: set[str] = set()  # replicas our drains removed
+        # Replicas our drains removed. Bounded: written on every delete, 1,000 ids is hours of churn.
+        self._gone: _BoundedSet = _BoundedSet(1000)
         self.queue = ActionQueue()  # action chains waiting for the world (apply.py)
         self._apply_lock = threading.RLock()  # one chain runner at a time: the loop's apply, the supervisor
         self._seq = 0
@@ -98,8 +108,16 @@ class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
         self._pending: dict[str, dict[int, str]] = {}
         self._member_of: dict[str, str] = {}  # planner member id -> group id (our replica id)
         self._loads: dict[str, ReplicaLoad] = {}
-        self.events: list[str] = []  # human-readable lifecycle log (also printed by `up`)
-        self.supervisor = Supervisor(self._supervise)
+        # human-readable lifecycle log (also printed by `up`): the last 200, and how many ever
+        self.events: deque[str] = deque(maxlen=200)
+        self.events_total = 0
+        self.backoff = RestartBackoff(restart_backoff)
+        self.infra = {"nginx": InfraState("nginx"), "prometheus": InfraState("prometheus")}
+        self._crashloop_since: dict[str, float] = {}  # model -> when its first replica began crash-looping
+        self._crashloop_held: set[str] = set()  # models whose replacements crash-loop too
+        self._rotated_s = float("-inf")
+        self._router_error: str | None = None  # the last nginx reload failure, logged once per streak
+        self.supervisor = Supervisor(self._supervise, log=self.log)
         self.started = False
         self._stopping = False  # set by stop(): no more starts or restarts
 
@@ -120,12 +138,10 @@ class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
     def start(self) -> None:
         """Start nginx (no model ready yet: 503s), Prometheus (or note the fallback), the supervisor."""
         self.door.start(self._routes())
-        self.pids.add(self.door.pid, "nginx", program=os.path.basename(self.door.binary or "nginx"))
+        self.pids.add(self.door.pid, "nginx", program=self.door.program)
         try:
             self.prom.start()
-            self.pids.add(
-                self.prom.pid, "prometheus", program=os.path.basename(self.prom.binary or "prometheus")
-            )
+            self.pids.add(self.prom.pid, "prometheus", program=self.prom.program)
             self.supervisor.start()
         except Exception:
             self.stop()
@@ -153,6 +169,9 @@ class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
             self._replicas.clear()
         self.prom.stop()
         self.pids.remove(self.prom.pid)
+        # Whatever a crash left behind (a stub of a generation killed mid-start):
+        # every process marked with this run dir or in a group we created.
+        sweep(self.run_dir, self.pids.records(), term_timeout_s=2.0)
         self.started = False
         self._stopping = False
 
@@ -176,7 +195,13 @@ class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
 
     def log(self, msg: str) -> None:
         self.events.append(f"{time.strftime('%H:%M:%S')} {msg}")
-        del self.events[:-200]
+        self.events_total += 1
+        _log.info(msg)
+
+    def events_since(self, seen: int) -> tuple[list[str], int]:
+        """Events logged after the first ``seen`` (those still kept), and the new total."""
+        total, kept = self.events_total, list(self.events)
+        return kept[max(0, len(kept) - (total - seen)):], total
 
     # ------------------------------------------------------------ Inventory
     def snapshot(self) -> ClusterState:
@@ -199,26 +224,12 @@ class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
         with self._lock:
             return list(self._replicas.values())
 
-    def restart_failed(self, r: LocalReplica) -> None:
-        """Replace a dead process on the same instance (same id, fresh ports).
-        A group is recreated whole: every member stopped, then all started again."""
-        if r.is_group:
-            self._recreate_group(r)
-            return
-        with self._lock:
-            if self._stopping or self._replicas.get(r.id) is not r or r.state is not ReplicaState.FAILED:
-                return
-            gpu = self._gpus[r.gpu]
-            uuid = self.mig_uuids.get((gpu.id, r.start)) if not gpu.emulated else None
-            self.pids.remove(r.process.pid)
-            env = replica_env(gpu.product, r.profile, gpu.id, r.start, r.model, uuid, self.emulate)
-            r.process = self.launcher.replica(self.models[r.model], r.id, self.run_dir, env, self.tritonserver)
-            self._record(r)
-            r.restarts += 1
-            r.routable = False
-            r.last_counters = None
-            r.state, r.since_s = ReplicaState.STARTING, self.clock.now()
-            self.log(f"replace {r.id} (restart #{r.restarts}, pid {r.process.pid})")
+    def _relaunch(self, r: LocalReplica):
+        """A fresh tritonserver for ``r`` on its instance (new ports); the supervisor restarts with it."""
+        gpu = self._gpus[r.gpu]
+        uuid = self.mig_uuids.get((gpu.id, r.start)) if not gpu.emulated else None
+        env = replica_env(gpu.product, r.profile, gpu.id, r.start, r.model, uuid, self.emulate)
+        return self.launcher.replica(self.models[r.model], r.id, self.run_dir, env, self.tritonserver)
 
     # ------------------------------------------------------------ router + targets
     def _routes(self) -> list[Route]:
@@ -257,6 +268,7 @@ class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
         now = self.clock.now()
         for r in self.replicas():
             if r.state not in (ReplicaState.READY, ReplicaState.DRAINING):
+                self._loads.pop(r.id, None)  # not serving: no numbers, not the last ones before a crash
                 continue
             cur = scrape(r.process.url_metrics, now, timeout_s=0.5)
             self._loads[r.id] = load_between(r.last_counters, cur)
@@ -271,6 +283,16 @@ class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
         """The ``migscale status --json`` document from the latest snapshot and loads."""
         reps = self.replicas()
         groups = self._group_views(reps)
+        now = self.clock.now()
+        health = {
+            r.id: ReplicaHealth(
+                r.restarts,
+                None if r.next_restart_s is None else max(0.0, r.next_restart_s - now),
+                r.last_error,
+                r.exit_code,
+            )
+            for r in reps
+        }
         return build_status(
             self.snapshot(),
             frontdoor=self.frontdoor_url,
@@ -281,5 +303,31 @@ class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
             groups=groups,
             metrics_mode=self.prom.mode,
             controller_pid=controller_pid,
-            t_s=self.clock.now(),
+            t_s=now,
+            health=health,
+            infrastructure={k: v.to_json(now) for k, v in self.infra.items()},
+            crashloop_held=tuple(self.crashloop_held()),
         )
+
+
+class _BoundedSet:
+    """A set that forgets its oldest members past ``limit`` (insertion order)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._d: OrderedDict[str, None] = OrderedDict()
+
+    def add(self, key: str) -> None:
+        self._d[key] = None
+        self._d.move_to_end(key)
+        while len(self._d) > self.limit:
+            self._d.popitem(last=False)
+
+    def discard(self, key: str) -> None:
+        self._d.pop(key, None)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._d
+
+    def __len__(self) -> int:
+        return len(self._d)

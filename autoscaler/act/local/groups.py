@@ -41,7 +41,7 @@ class GroupsMixin:
     _stopping: bool
     _gpus: dict[str, GpuState]
     _replicas: dict[str, LocalReplica]
-    _gone: set[str]
+    _gone: object  # a bounded set (cluster.py)
     _pending: dict[str, dict[int, str]]
     _member_of: dict[str, str]
 
@@ -127,26 +127,6 @@ class GroupsMixin:
             )
             self.log(f"create group {gid} ({where})")
             return gid
-
-    def _recreate_group(self, r: LocalReplica) -> None:
-        with self._lock:
-            if self._stopping or self._replicas.get(r.id) is not r or r.state is not ReplicaState.FAILED:
-                return
-            old = r.pids()
-        # Stop outside the lock (up to a few seconds): snapshots and status go on meanwhile.
-        r.process.stop(timeout_s=5.0)
-        with self._lock:
-            for pid in old:
-                self.pids.remove(pid)
-            if self._stopping or self._replicas.get(r.id) is not r or r.state is not ReplicaState.FAILED:
-                return
-            r.process.start()
-            self._record(r)
-            r.restarts += 1
-            r.routable = False
-            r.last_counters = None
-            r.state, r.since_s = ReplicaState.STARTING, self.clock.now()
-            self.log(f"recreate group {r.id} (restart #{r.restarts}, pids {r.pids()})")
 
     def _group_views(self, reps: list[LocalReplica]) -> dict[str, GroupView]:
         """Status rows of each group: its member ids, GPUs and live members (rank, pid, port, state)."""

@@ -9,11 +9,18 @@ on GPUs the very same model code selects NCCL (GPUDirect RDMA between nodes).
 Group semantics follow LeaderWorkerSet's ``RecreateGroupOnPodRestart``: the
 group is ready only when every member is, and the loss of any member makes the
 supervisor recreate the whole group (``failed()`` tells it so).
+
+One process group per generation: the leader starts a new one (act/local/procs.py)
+and every worker joins it, so ``killpg`` of the leader's PID ends every rank and
+every Python stub of that generation, also when the leader is the one that
+died. Each generation writes its logs under ``gen<N>/``; only the last
+``KEEP_GENERATIONS`` are kept on disk (a crash loop used to leave thousands).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -21,8 +28,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoscaler.act.local.procs import stop_child
+from autoscaler.act.local.procs import error_lines, kill_group, spawn, stop_child, tail_lines
 from autoscaler.act.local.triton import TritonPorts, TritonProcess, free_port, triton_env
+
+# Generation directories kept on disk: the current one and the two before it
+# (the last crash's logs stay readable while the next generation starts).
+KEEP_GENERATIONS = 3
 
 
 @dataclass
@@ -43,6 +54,7 @@ class ProcessGroup:
         tritonserver: str | None = None,
         ports: TritonPorts | None = None,
         member_env: Sequence[Mapping[str, str]] | None = None,
+        run_dir: str | os.PathLike | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"group size must be >= 1, got {size}")
@@ -56,6 +68,7 @@ class ProcessGroup:
         if self.member_env and len(self.member_env) != size:
             raise ValueError(f"member_env has {len(self.member_env)} entries for a group of {size}")
         self.tritonserver = tritonserver
+        self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
         self.ports = ports or TritonPorts.free()
         self.leader: TritonProcess | None = None
         self.workers: list[Member] = []
@@ -124,6 +137,7 @@ class ProcessGroup:
         self.rendezvous_port = free_port()
         gen_dir = self.workdir / f"gen{self.generation}"
         gen_dir.mkdir(parents=True, exist_ok=True)
+        self._prune_generations()
         self.leader = TritonProcess(
             self.model_repository,
             [self.model],
@@ -131,25 +145,37 @@ class ProcessGroup:
             ports=self.ports,
             env=self._group_env(0),
             tritonserver=self.tritonserver,
+            run_dir=self.run_dir,
+            backends_dir=self.workdir.parent / "backends",  # shared with the other replicas
         )
         self.leader.start()
         worker_py = self.model_repository / self.model / "worker.py"
         self.workers = []
         for rank in range(1, self.size):
-            wdir = gen_dir / f"rank{rank}"
-            wdir.mkdir(parents=True, exist_ok=True)
-            log_path = wdir / "worker.log"
-            with open(log_path, "ab") as log:
-                proc = subprocess.Popen(
+            log_path = gen_dir / f"rank{rank}" / "worker.log"
+            try:
+                proc = spawn(
                     [sys.executable, str(worker_py)],
-                    cwd=wdir,
+                    log_path=log_path,
                     env=triton_env(self._group_env(rank)),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
+                    cwd=log_path.parent,
+                    run_dir=self.run_dir,
+                    process_group=self.leader.pid or 0,  # the generation's one group
                 )
+            except (OSError, subprocess.SubprocessError) as e:
+                # The leader died before this rank could join its group: the
+                # generation has failed; record why, the supervisor recreates it.
+                with open(log_path, "a") as log:
+                    log.write(f"could not start rank {rank}: {type(e).__name__}: {e}\n")
+                proc = None
             self.workers.append(Member(rank, proc, log_path))
+
+    def _prune_generations(self) -> None:
+        gens = sorted(
+            (int(p.name[3:]), p) for p in self.workdir.glob("gen*") if p.name[3:].isdigit()
+        )
+        for _, p in gens[:-KEEP_GENERATIONS]:
+            shutil.rmtree(p, ignore_errors=True)
 
     def failed(self) -> bool:
         """True when any member that was started has exited: the group must be recreated."""
@@ -157,7 +183,19 @@ class ProcessGroup:
             return False
         if not self.leader.alive():
             return True
-        return any(m.proc is not None and m.proc.poll() is not None for m in self.workers)
+        return any(m.proc is None or m.proc.poll() is not None for m in self.workers)
+
+    def exited(self) -> list[str]:
+        """Which members have exited and how ("rank 1 exit 1"), without probing anyone."""
+        out = []
+        if self.leader is not None and not self.leader.alive():
+            out.append(f"rank 0 exit {self.leader.proc.returncode if self.leader.proc else '?'}")
+        for m in self.workers:
+            if m.proc is None:
+                out.append(f"rank {m.rank} not started")
+            elif m.proc.poll() is not None:
+                out.append(f"rank {m.rank} exit {m.proc.returncode}")
+        return out
 
     def _worker_joined(self, m: Member) -> bool:
         try:
@@ -189,18 +227,35 @@ class ProcessGroup:
     def tail_logs(self, lines: int = 10) -> str:
         parts = [self.leader.tail_log(lines)] if self.leader else []
         for m in self.workers:
-            try:
-                parts.append("\n".join(m.log_path.read_text(errors="replace").splitlines()[-lines:]))
-            except OSError:
-                pass
+            if m.log_path is not None:
+                parts.append("\n".join(tail_lines(m.log_path, lines)))
         return "\n---\n".join(parts)
+
+    def error_lines(self, keep: int = 5) -> list[str]:
+        """What went wrong, from the member that exited first (a worker that could not import
+        torch), else from the leader's log."""
+        for m in self.workers:
+            if (m.proc is None or m.proc.poll() is not None) and m.log_path is not None:
+                lines = error_lines(tail_lines(m.log_path, 200), keep)
+                if lines:
+                    return [f"rank {m.rank}: {ln}" for ln in lines]
+        return self.leader.error_lines(keep) if self.leader else []
+
+    def reap(self) -> None:
+        """After a member died: end every process of this generation at once (one group)."""
+        if self.leader is not None:
+            self.leader.reap()
+        for m in self.workers:
+            if m.proc is not None:
+                kill_group(m.proc.pid)  # a rank that could not join the leader's group
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop every member we started (leader first: its finalize tells workers to stop)."""
         if self.leader is not None:
             self.leader.stop(timeout_s)
         for m in self.workers:
-            stop_child(m.proc, timeout_s)
+            stop_child(m.proc, timeout_s, group=False)
+        self.reap()
 
     def recreate(self) -> None:
         """RecreateGroupOnPodRestart: tear every member down and start a fresh generation."""

@@ -13,6 +13,13 @@ model's upstream with ``least_conn``; a model with no ready replica answers
 503 with a JSON body. ``/v2/health/live`` is answered by nginx itself,
 ``/v2/health/ready`` is 200 only when every model has a ready replica, and
 ``/v2`` (server metadata) goes to any ready replica.
+
+Faults: the master runs in its own process group (act/local/procs.py), which its
+workers inherit, so when the master dies -- even by ``kill -9`` -- ``reap`` ends
+the workers it orphaned (they would otherwise keep serving the port with the
+old configuration); the supervisor then restarts nginx under back-off.
+``start`` refuses a port it cannot bind, naming the holder, and returns only
+once the listening socket belongs to *this* master's group.
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autoscaler.act.local.procs import stop_child
+from autoscaler.act.local.ports import check_bindable, port_holder
+from autoscaler.act.local.procs import error_lines, kill_group, spawn, stop_child, tail_lines, wait_group_gone
 from autoscaler.act.local.triton import port_listening
 
 NGINX_CANDIDATES = ("/usr/sbin/nginx", "/usr/bin/nginx", "/usr/local/sbin/nginx", "/usr/local/bin/nginx")
@@ -178,12 +186,18 @@ class NginxFrontDoor:
     """Start, reconfigure and stop our own nginx master (never any other nginx)."""
 
     def __init__(self, run_dir: str | os.PathLike, port: int, binary: str | None = None) -> None:
-        self.prefix = Path(run_dir).resolve() / "nginx"
+        self.run_dir = Path(run_dir).resolve()
+        self.prefix = self.run_dir / "nginx"
         self.port = port
         self.binary = find_nginx(binary)
         self.proc: subprocess.Popen | None = None
         self.routes: tuple[Route, ...] = ()
         self.reloads = 0
+        self.started = False  # start() succeeded and stop() has not run: it should be up
+
+    @property
+    def program(self) -> str:
+        return os.path.basename(self.binary or "nginx")
 
     @property
     def conf_path(self) -> Path:
@@ -226,33 +240,46 @@ class NginxFrontDoor:
     def start(self, routes: Sequence[Route] = (), timeout_s: float = 10.0) -> None:
         if not self.binary:
             raise NginxError("nginx not found (install nginx-light: apt-get install -y nginx-light)")
+        check_bindable(self.port, "front door")
         self.routes = tuple(routes)
         self._write(self.routes)
         self._test()
-        with open(self.prefix / "logs" / "stdout.log", "ab") as log:  # the child keeps its own copy
-            self.proc = subprocess.Popen(
-                self._cmd(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        self.proc = spawn(self._cmd(), log_path=self.prefix / "logs" / "stdout.log", run_dir=self.run_dir)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                kill_group(self.proc.pid)
                 raise NginxError(f"nginx exited with {self.proc.returncode}: {self._tail()}")
-            if port_listening(self.port):
+            if port_listening(self.port) and self._owns_port():
+                self.started = True
                 return
             time.sleep(0.05)
+        stop_child(self.proc, 2.0)
         raise NginxError(
             f"nginx did not listen on 127.0.0.1:{self.port} within {timeout_s:.0f}s: {self._tail()}"
         )
 
-    def _tail(self) -> str:
+    def _owns_port(self) -> bool:
+        """The listening socket is ours (our master or a worker in its group), not a stranger's."""
+        holder = port_holder(self.port)
+        if holder is None or self.proc is None:
+            return False
         try:
-            return " | ".join((self.prefix / "logs" / "error.log").read_text().splitlines()[-5:])
-        except OSError:
-            return ""
+            return os.getpgid(holder.pid) == self.proc.pid
+        except ProcessLookupError:
+            return False
+
+    def _tail(self) -> str:
+        return " | ".join(tail_lines(self.prefix / "logs" / "error.log", 5))
+
+    def error_lines(self) -> list[str]:
+        return error_lines(tail_lines(self.prefix / "logs" / "error.log", 50))
+
+    def reap(self) -> None:
+        """The master died: end its workers (same process group) so none serves a stale config."""
+        if self.proc is not None:
+            kill_group(self.proc.pid)
+            wait_group_gone(self.proc.pid, 2.0)  # the port is free once they are gone
 
     def workers(self) -> set[int]:
         return _children(self.proc.pid) if self.alive() and self.proc else set()
@@ -290,4 +317,5 @@ class NginxFrontDoor:
     def stop(self, timeout_s: float = 10.0) -> None:
         # SIGQUIT to the master = graceful shutdown (workers finish in-flight
         # requests); SIGKILL to the group we created if it hangs.
+        self.started = False
         stop_child(self.proc, timeout_s, sig=signal.SIGQUIT, group=False)

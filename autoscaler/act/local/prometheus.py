@@ -29,7 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoscaler.act.local.procs import stop_child
+from autoscaler.act.local.ports import check_bindable
+from autoscaler.act.local.procs import error_lines, kill_group, spawn, stop_child, tail_lines, wait_group_gone
 from autoscaler.act.local.triton import free_port
 
 SCRAPE_INTERVAL_S = 2
@@ -109,15 +110,53 @@ class PrometheusServer:
         else:
             self.fallback_reason = None
         self.port = port or free_port()
+        self.run_dir = Path(run_dir).resolve()
         self.proc: subprocess.Popen | None = None
+        self.started = False  # start() succeeded and stop() has not run: it should be up
+        self.starts = 0
+        self.restarted_at: float | None = None  # wall time of the last start after the first
+        self.warm_s = 0.0  # after a restart, hold the loop this long (set by the controller)
+        self.lost_samples_at: float | None = None  # wall time of the last failed write to its disk
         self._last: list[dict] | None = None
+        self.write_error: str | None = None
         # Drain workers and the tick both rewrite the targets: one writer at a time,
         # or two share the temp file and the second's rename finds it gone.
         self._write_lock = threading.Lock()
 
     @property
     def mode(self) -> str:
-        return "prometheus" if self.binary else "direct"
+        """``prometheus``; ``prometheus-down`` while ours is dead (the loop holds: no
+        scale-down on what it cannot see); ``direct`` without a binary (direct scrape)."""
+        if not self.binary:
+            return "direct"
+        if self.started and not self.alive():
+            return "prometheus-down"
+        return "prometheus-warming" if self.warming_s() > 0 else "prometheus"
+
+    def warming_s(self, now: float | None = None) -> float:
+        """Seconds the loop must still hold after a restart or lost samples (0: its windows
+        are whole again)."""
+        since = max((t for t in (self.restarted_at, self.lost_samples_at) if t is not None), default=None)
+        if since is None:
+            return 0.0
+        return max(0.0, since + self.warm_s - (time.time() if now is None else now))
+
+    def storage_failed(self, now: float | None = None) -> None:
+        """The run dir's disk refused a write (full): Prometheus, whose TSDB is on it, drops
+        its scrapes too, so its windows have a gap. Measured: 30 s of a full disk halved
+        resnet's rate read 8 s after freeing (90 of 170 req/s) and the loop scaled it down.
+        Hold as after a restart, until a whole window was scraped since the last failure."""
+        self.lost_samples_at = time.time() if now is None else now
+
+    def why_warming(self) -> str:
+        if self.lost_samples_at is not None and (self.restarted_at is None
+                                                 or self.lost_samples_at > self.restarted_at):
+            return "its disk was full (scrapes dropped)"
+        return "it restarted"
+
+    @property
+    def program(self) -> str:
+        return os.path.basename(self.binary or "prometheus")
 
     @property
     def url(self) -> str | None:
@@ -146,11 +185,19 @@ class PrometheusServer:
         with self._write_lock:
             if doc == self._last and self.targets_file.exists():
                 return False
-            self.dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.targets_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(doc, indent=1) + "\n")
-            os.replace(tmp, self.targets_file)
+            try:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                tmp = self.targets_file.with_suffix(".tmp")
+                tmp.write_text(json.dumps(doc, indent=1) + "\n")
+                os.replace(tmp, self.targets_file)
+            except OSError as e:
+                # Disk full: Prometheus keeps scraping the last targets; the
+                # supervisor's periodic re-sync writes them once there is room.
+                self._last = None
+                self.write_error = f"{self.targets_file}: {e.strerror or e}"
+                return False
             self._last = doc
+            self.write_error = None
             return True
 
     def start(self, timeout_s: float = 30.0) -> None:
@@ -161,39 +208,82 @@ class PrometheusServer:
             self.write_targets([])
         conf = self.dir / "prometheus.yml"
         conf.write_text(render_config(self.targets_file))
-        with open(self.dir / "prometheus.log", "ab") as log:  # the child keeps its own copy
-            self.proc = subprocess.Popen(
-                [
-                    self.binary,
-                    f"--config.file={conf}",
-                    f"--storage.tsdb.path={self.dir / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--storage.tsdb.retention.time=1d",
-                    "--log.level=warn",
-                ],
-                cwd=self.dir,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        check_bindable(self.port, "prometheus")
+        self.proc = spawn(
+            [
+                self.binary,
+                f"--config.file={conf}",
+                f"--storage.tsdb.path={self.dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--storage.tsdb.retention.time=1d",
+                "--log.level=warn",
+            ],
+            log_path=self.dir / "prometheus.log",
+            cwd=self.dir,
+            run_dir=self.run_dir,
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                kill_group(self.proc.pid)
                 raise RuntimeError(
                     f"prometheus exited with {self.proc.returncode}; see {self.dir / 'prometheus.log'}"
                 )
             try:
                 with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
                     if r.status == 200:
+                        self.started = True
+                        self.starts += 1
+                        if self.starts > 1:
+                            self.restarted_at = time.time()
                         return
             except OSError:
                 pass
             time.sleep(0.1)
+        stop_child(self.proc, 2.0)
         raise RuntimeError(f"prometheus not ready within {timeout_s:.0f}s; see {self.dir / 'prometheus.log'}")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def error_lines(self) -> list[str]:
+        return error_lines(tail_lines(self.dir / "prometheus.log", 50))
+
+    def reap(self) -> None:
+        if self.proc is not None:
+            kill_group(self.proc.pid)
+            wait_group_gone(self.proc.pid, 2.0)
+
     def stop(self, timeout_s: float = 10.0) -> None:
+        self.started = False
         stop_child(self.proc, timeout_s, group=False)
+
+
+class PrometheusWarming(ConnectionError):
+    """A restarted Prometheus has not yet scraped for a whole window: the tick is blind."""
+
+
+class HoldWhileWarming:
+    """A MetricsSource that answers only once ``server`` has been back (or storing its scrapes
+    again) for ``server.warm_s``.
+
+    Until then ``read`` raises, so the loop's tick is blind (``source_ok=False``)
+    and every model holds, with the reason in the decision's notes.
+    """
+
+    def __init__(self, inner, server: PrometheusServer) -> None:
+        self.inner = inner
+        self.server = server
+
+    @property
+    def last_notes(self) -> tuple[str, ...]:
+        return tuple(getattr(self.inner, "last_notes", ()) or ())
+
+    def read(self, models, replicas, now):
+        left = self.server.warming_s()
+        if left > 0:
+            raise PrometheusWarming(
+                f"Prometheus: {self.server.why_warming()} {self.server.warm_s - left:.0f}s ago; holding "
+                f"{left:.0f}s more, until it has scraped a whole {self.server.warm_s:.0f}s window"
+            )
+        return self.inner.read(models, replicas, now)

@@ -51,6 +51,16 @@ class LocalReplica:
     last_counters: ReplicaCounters | None = field(default=None, repr=False)
     # multinode: (planner replica id, GPU id) per rank; rank 0 is the leader
     members: tuple[tuple[str, str], ...] = ()
+    # crash loop (act/local/supervisor.py): when it last died, how, and when it restarts
+    created_s: float | None = None
+    exited_s: float | None = None
+    exit_code: int | None = None
+    next_restart_s: float | None = None
+    last_error: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.created_s is None:
+            self.created_s = self.since_s
 
     @property
     def is_group(self) -> bool:
@@ -65,6 +75,14 @@ class LocalReplica:
         if isinstance(self.process, ProcessGroup):
             return self.process.pids()
         return [self.process.pid] if self.process.pid else []
+
+    def log_paths(self) -> list[Path]:
+        """Its current logs (a group: the leader's and each worker's of this generation)."""
+        p = self.process
+        if isinstance(p, ProcessGroup):
+            out = [p.leader.log_path] if p.leader else []
+            return out + [m.log_path for m in p.workers if m.log_path is not None]
+        return [p.log_path]
 
     @property
     def port(self) -> int:
@@ -113,7 +131,8 @@ def launch(
 ) -> TritonProcess:
     """Start (not wait for) a tritonserver serving ``rt`` in ``run_dir/replicas/<id>``."""
     proc = TritonProcess(
-        rt.repository, [rt.triton_name], run_dir / "replicas" / replica_id, env=env, tritonserver=tritonserver
+        rt.repository, [rt.triton_name], run_dir / "replicas" / replica_id, env=env, tritonserver=tritonserver,
+        run_dir=run_dir,
     )
     proc.start()
     return proc
@@ -148,6 +167,7 @@ def launch_group(
         run_dir / "replicas" / group_id,
         tritonserver=tritonserver,
         member_env=member_env,
+        run_dir=run_dir,
     )
     group.start()
     return group

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoscaler.act.local.procs import stop_child
+from autoscaler.act.local.procs import error_lines, kill_group, spawn, stop_child, tail_lines
 
 
 class TritonError(RuntimeError):
@@ -94,13 +94,19 @@ def _libs_dir() -> Path:
     return site / "nvidia_pytriton.libs"
 
 
+def stub_dir() -> Path:
+    """The wheel's Python-backend stub for the running Python version."""
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    d = _pytriton_dir() / "python_backend_stubs" / py
+    if not d.is_dir():
+        raise TritonError(f"the nvidia-pytriton wheel has no Python backend stub for Python {py}")
+    return d
+
+
 def prepare_backends(dest: Path) -> Path:
     """Copy the wheel's backends into ``dest`` with the stub for this Python; idempotent."""
     src = _pytriton_dir()
-    py = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub_dir = src / "python_backend_stubs" / py
-    if not stub_dir.is_dir():
-        raise TritonError(f"the nvidia-pytriton wheel has no Python backend stub for Python {py}")
+    stubs = stub_dir()
     target = dest / "python"
     marker = target / ".migscale-ready"
     if marker.exists():
@@ -109,10 +115,10 @@ def prepare_backends(dest: Path) -> Path:
     for f in (src / "backends" / "python").iterdir():
         if f.is_file():
             shutil.copy2(f, target / f.name)
-    for f in stub_dir.iterdir():
+    for f in stubs.iterdir():
         if f.is_file():
             shutil.copy2(f, target / f.name)
-    marker.write_text(py)
+    marker.write_text(stubs.name)
     return dest
 
 
@@ -145,6 +151,8 @@ class TritonProcess:
         tritonserver: str | os.PathLike | None = None,
         extra_args: Sequence[str] = (),
         summaries: bool = True,
+        run_dir: str | os.PathLike | None = None,
+        backends_dir: str | os.PathLike | None = None,
     ) -> None:
         self.model_repository = Path(model_repository).resolve()
         self.models = list(models)
@@ -154,6 +162,9 @@ class TritonProcess:
         self.binary = find_tritonserver(tritonserver)
         self.extra_args = list(extra_args)
         self.summaries = summaries
+        self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
+        # one copy of the backends (~2.8 MB) shared by every replica, not one per start
+        self.backends_dir = Path(backends_dir) if backends_dir is not None else self.workdir.parent / "backends"
         self.proc: subprocess.Popen | None = None
         self.started_at: float | None = None
         self.ready_at: float | None = None
@@ -180,7 +191,7 @@ class TritonProcess:
         return self.workdir / "tritonserver.log"
 
     def command(self) -> list[str]:
-        backends = prepare_backends(self.workdir.parent / "backends")
+        backends = prepare_backends(self.backends_dir)
         cmd = [
             str(self.binary),
             f"--model-repository={self.model_repository}",
@@ -209,21 +220,19 @@ class TritonProcess:
         if self.proc is not None and self.proc.poll() is None:
             return
         self.workdir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
         self.started_at = time.time()
         self.ready_at = None
-        # start_new_session: Ctrl-C in the terminal reaches the controller only,
-        # which then drains and stops replicas in order instead of all at once.
-        self.proc = subprocess.Popen(
+        # Its own process group (procs.spawn): the Python stubs Triton forks join
+        # it, so killing the group also ends stubs whose server was kill -9-ed;
+        # Ctrl-C in the terminal reaches only the controller, which stops
+        # replicas in order.
+        self.proc = spawn(
             self.command(),
-            cwd=self.workdir,
+            log_path=self.log_path,
             env=triton_env(self.extra_env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            cwd=self.workdir,
+            run_dir=self.run_dir,
         )
-        log.close()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -261,14 +270,20 @@ class TritonProcess:
         raise TritonError(f"tritonserver not ready after {timeout_s:.0f}s; last log lines:\n{self.tail_log()}")
 
     def tail_log(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return "\n".join(tail_lines(self.log_path, lines))
+
+    def error_lines(self, keep: int = 5) -> list[str]:
+        """What its log says went wrong, for a crash-loop report."""
+        return error_lines(tail_lines(self.log_path, 200), keep)
+
+    def reap(self) -> None:
+        """After the server died: end what it left in its group (its Python stubs), at once."""
+        if self.proc is not None:
+            kill_group(self.proc.pid)
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
-        """SIGTERM, then SIGKILL after ``timeout_s``; stops only the process (group) we started."""
-        # The Python backend stubs are children of tritonserver in the session we
+        """SIGTERM, then SIGKILL after ``timeout_s``; stops only the process group we started."""
+        # The Python backend stubs are children of tritonserver in the group we
         # created; signalling the group by our own PID reaches them and nothing else.
         return stop_child(self.proc, timeout_s)
 

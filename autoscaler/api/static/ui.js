@@ -35,10 +35,27 @@ function fmt(x, digits) {
 
 // ------------------------------------------------------------------ GPUs
 
+function liveRow(r, live) {
+  // /v1/status lists a multinode group once, by its group id ("llm-g0" for member "llm-g0-1")
+  return live && (live[r.id] || live[r.id.replace(/-\d+$/, "")]);
+}
+
 function repState(r, live) {
   // per-replica numbers come from /v1/status when the controller has them
-  const n = live && live[r.id];
+  const n = liveRow(r, live);
+  if (r.state === "crashloop") {
+    const wait = n && n.next_restart_in_s !== null && n.next_restart_in_s !== undefined
+      ? ` · retry in ${fmt(n.next_restart_in_s, 0)} s` : "";
+    return `crashloop · ${n ? n.restarts : "?"} restarts${wait}`;
+  }
   return n && n.req_s !== null && n.req_s !== undefined ? `${r.state} · ${fmt(n.req_s)} req/s` : r.state;
+}
+
+function repTitle(r, live) {
+  // hovering a crash-looping replica shows why it keeps failing
+  const n = liveRow(r, live);
+  const err = n && Array.isArray(n.last_error) && n.last_error.length ? "\n" + n.last_error.join("\n") : "";
+  return `${r.id} · ${r.state}` + (n && n.restarts ? ` · ${n.restarts} restarts` : "") + err;
 }
 
 function instanceBlock(gpu, inst, replicas, planned, live) {
@@ -56,7 +73,7 @@ function instanceBlock(gpu, inst, replicas, planned, live) {
     for (const r of replicas) {
       el.appendChild(h("div", {
         class: "rep " + r.state, "data-replica": r.id, "data-model": r.model, "data-state": r.state,
-        "data-gpu": gpu.id, "data-start": r.start, title: `${r.id} · ${r.state}`,
+        "data-gpu": gpu.id, "data-start": r.start, title: repTitle(r, live),
       }, h("span", { class: "rep-model", text: r.model }), h("span", { class: "rep-state", text: repState(r, live) })));
     }
   }
@@ -238,6 +255,20 @@ async function getJson(path) {
   return r.json();
 }
 
+function alerts(status) {
+  // what is not well, in one line beside the connection state
+  if (!status) return "";
+  const out = [];
+  const loops = (status.replicas || []).filter((r) => r.state === "crashloop").map((r) => r.id);
+  if (loops.length) out.push(`crash-looping: ${loops.join(", ")}`);
+  for (const [name, st] of Object.entries(status.infrastructure || {})) {
+    if (st && st.state && st.state !== "up") out.push(`${name} ${st.state}`);
+  }
+  if (status.metrics_mode === "prometheus-down") out.push("metrics blind: holding");
+  if (status.metrics_mode === "prometheus-warming") out.push("metrics back, windows partial: holding");
+  return out.length ? " · " + out.join(" · ") : "";
+}
+
 async function poll() {
   const conn = document.getElementById("conn");
   try {
@@ -250,7 +281,7 @@ async function poll() {
     renderPlan(plan.plan);
     lastOk = Date.now();
     conn.className = "conn ok";
-    conn.textContent = status && status.frontdoor ? `live · front door ${status.frontdoor}` : "live";
+    conn.textContent = (status && status.frontdoor ? `live · front door ${status.frontdoor}` : "live") + alerts(status);
     const t = plan.t_s ? new Date(plan.t_s * 1000) : null;
     document.getElementById("updated").textContent = t ? "tick " + t.toLocaleTimeString() : "";
     document.body.dataset.tick = String(plan.t_s || "");
