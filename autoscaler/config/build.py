@@ -387,6 +387,7 @@ def policy_config(models_cfg: Any, cluster_cfg: Any, **overrides: Any) -> Policy
         "models": tuple(model_specs(models_cfg, cluster_cfg)),
         "slo_p99_ms": {m.name: float(m.slo.p99_ms) for m in models_cfg.models},
         "tick_s": float(p.tick_s),
+        "replan_s": float(p.replan_s),
         "headroom": float(p.headroom),
         "headroom_quantile": None if p.headroom_quantile is None else float(p.headroom_quantile),
         "tolerance": float(p.tolerance),

@@ -452,6 +452,9 @@ def _hpa_down() -> ScalingBehavior:
 
 class PolicyConfig(_Strict):
     tick_s: float = Field(default=5, gt=0, le=3600)
+    replan_s: float = Field(default=60, gt=0, le=3600,
+                            description="the planner runs at least this often; in between only when a model is "
+                                        "short of its target, a replica failed or the fleet changed")
     headroom: float = Field(default=0.2, ge=0, le=10,
                             description="plan capacity = forecast * (1 + headroom) until a headroom is learned, "
                                         "and always when headroom_quantile is null")

@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 POLICY = """
 policy:
   tick_s: 1
+  replan_s: 5
   short_window_s: 2
   long_window_s: 4
   metrics_stale_s: 10
