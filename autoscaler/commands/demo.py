@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -12,12 +13,12 @@ from autoscaler.commands._common import fail, load_or_exit
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
-        models: Path = typer.Argument(..., help="models.yaml"),
-        cluster: Path = typer.Argument(..., help="cluster.yaml"),
-        results: Path = typer.Option(Path("demo-results"), "--results", help="report folder (replaced)"),
-        live: bool = typer.Option(True, "--live/--no-live", help="redraw the live terminal view"),
-        reaction_s: float = typer.Option(35.0, "--reaction-s", min=0,
-                                         help="seconds after each load rise that are not judged"),
+        models: Annotated[Path, typer.Argument(help="models.yaml")],
+        cluster: Annotated[Path, typer.Argument(help="cluster.yaml")],
+        results: Annotated[Path, typer.Option("--results", help="report folder (replaced)")] = Path("demo-results"),
+        live: Annotated[bool, typer.Option("--live/--no-live", help="redraw the live terminal view")] = True,
+        reaction_s: Annotated[float, typer.Option("--reaction-s", min=0,
+                                                  help="seconds after each load rise that are not judged")] = 35.0,
     ) -> None:
         """Start the local cluster, drive a locust spike through it, show the scaling live, write a report.
 

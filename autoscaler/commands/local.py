@@ -26,6 +26,7 @@ import os
 import signal
 import threading
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -91,13 +92,13 @@ def _controller_log(run_dir: Path) -> logging.Handler:
 def register(app: typer.Typer) -> None:
     @app.command("up")
     def up(
-        models: Path = typer.Argument(..., help="models.yaml"),
-        cluster: Path = typer.Argument(..., help="cluster.yaml"),
-        run_dir: Path | None = typer.Option(None, "--run-dir", help="state dir (default: local.run_dir)"),
-        control: bool = typer.Option(
-            True, "--control/--no-control",
+        models: Annotated[Path, typer.Argument(help="models.yaml")],
+        cluster: Annotated[Path, typer.Argument(help="cluster.yaml")],
+        run_dir: Annotated[Path | None, typer.Option("--run-dir", help="state dir (default: local.run_dir)")] = None,
+        control: Annotated[bool, typer.Option(
+            "--control/--no-control",
             help="run the control loop and metrics API (--no-control: only supervise min_replicas)",
-        ),
+        )] = True,
     ) -> None:
         """Run the local stack (nginx front door, Prometheus, Triton replicas, control loop, metrics API) until Ctrl-C.
 
@@ -177,8 +178,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("down")
     def down(
-        run_dir: Path = typer.Option(Path(".migscale"), "--run-dir", help="state dir of the controller"),
-        timeout_s: float = typer.Option(60.0, "--timeout-s", help="wait this long for a clean stop"),
+        run_dir: Annotated[Path, typer.Option("--run-dir", help="state dir of the controller")] = Path(".migscale"),
+        timeout_s: Annotated[float, typer.Option("--timeout-s", help="wait this long for a clean stop")] = 60.0,
     ) -> None:
         """Stop the controller running in RUN_DIR and every process started from it.
 
@@ -211,8 +212,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("status")
     def status(
-        run_dir: Path = typer.Option(Path(".migscale"), "--run-dir", help="state dir of the controller"),
-        as_json: bool = typer.Option(False, "--json", help="print the status document as JSON"),
+        run_dir: Annotated[Path, typer.Option("--run-dir", help="state dir of the controller")] = Path(".migscale"),
+        as_json: Annotated[bool, typer.Option("--json", help="print the status document as JSON")] = False,
     ) -> None:
         """Show the replicas of the running controller: model, profile, GPU/slot, port, state, restarts, req/s, p99.
 

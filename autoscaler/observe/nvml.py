@@ -13,6 +13,7 @@ small fake of the pynvml functions used below.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +91,7 @@ def discover(nvml: Any = None) -> list[NvmlGpu]:
             return []
     try:
         nvml.nvmlInit()
-    except Exception:  # NVMLError_LibraryNotFound, DriverNotLoaded, ... : no GPU here
+    except nvml.NVMLError:  # NVMLError_LibraryNotFound, DriverNotLoaded, ... : no GPU here
         return []
     try:
         gpus: list[NvmlGpu] = []
@@ -107,10 +108,9 @@ def discover(nvml: Any = None) -> list[NvmlGpu]:
             gpus.append(NvmlGpu(idx, name, product, _text(nvml.nvmlDeviceGetUUID(h)), mig, inst))
         return gpus
     finally:
-        try:
+        # A shutdown that fails leaves nothing for us to undo; the inventory stands.
+        with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def gpu_states(node: str, gpus: list[NvmlGpu]) -> tuple[list[GpuState], dict[tuple[str, int], str]]:

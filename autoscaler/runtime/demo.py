@@ -257,8 +257,9 @@ def run_demo(models_path: Path, models_cfg: ModelsConfig, cluster_cfg: ClusterCo
         (results / "locust-command.txt").write_text(" ".join(cmd) + "\n")
         rec = Recorder(ctl, script)
         ctl.on_result = rec.on_result
-        locust_log = open(results / "locust" / "locust.log", "wb")
-        locust = subprocess.Popen(cmd, stdout=locust_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # The child gets its own copy of the log's descriptor; ours closes once it is started.
+        with open(results / "locust" / "locust.log", "wb") as locust_log:
+            locust = subprocess.Popen(cmd, stdout=locust_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         rec.t0 = time.time()
         progress = Progress(TextColumn("load"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
                             TimeRemainingColumn())
@@ -273,7 +274,6 @@ def run_demo(models_path: Path, models_cfg: ModelsConfig, cluster_cfg: ClusterCo
                     lv.update(_view(rec, progress, ctl.slo_p99_ms), refresh=True)
                 time.sleep(1.0)
         locust_rc = locust.returncode
-        locust_log.close()
         return _report(results, rec, ctl, windows, locust_rc, console)
     finally:
         if locust is not None and locust.poll() is None:

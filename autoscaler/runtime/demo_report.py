@@ -9,6 +9,7 @@ apart from the orchestration so it can be tested on synthetic samples.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -81,7 +82,7 @@ def slice_hours(samples: Sequence[Sample]) -> tuple[float, float]:
     if len(samples) < 2:
         return 0.0, 0.0
     used = 0.0
-    for a, b in zip(samples, samples[1:]):
+    for a, b in itertools.pairwise(samples):
         used += a.slices_in_use * (b.t_s - a.t_s)
     span = samples[-1].t_s - samples[0].t_s
     peak = max(s.slices_in_use for s in samples)

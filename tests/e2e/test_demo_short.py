@@ -3,6 +3,7 @@ is written, the controller decided, the SLO verdict reached the exit code, nothi
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -55,7 +56,7 @@ def test_short_demo_writes_the_report_and_stops_everything(tmp_path, p99_ms, exp
     script = DemoScript(hot="resnet", base_rps=10, peak_rps=60, steady={}, rise_at_s=8, fall_at_s=24,
                         duration_s=35)
     rc = run_demo(models, load_models(models), load_cluster(cluster), results, live=False, script=script,
-                  reaction_s=10, console=Console(file=open(os.devnull, "w")))
+                  reaction_s=10, console=Console(file=io.StringIO()))
     assert rc == expected_rc  # the verdict (a 1 ms p99 cannot be met) reaches the exit code
     for f in ("timeline.png", "summary.md", "summary.json", "decisions.jsonl", "timeline.jsonl",
               "demo-trace.csv", "locust/report.html", "locust/locust_stats.csv", "locust/slo.json"):

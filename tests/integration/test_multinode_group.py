@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2] / "triton_models"
 sys.path.insert(0, str(REPO / "llm"))
-from tp_mlp import reference  # noqa: E402
+from tp_mlp import reference
 
 
 def _infer(url: str, x: np.ndarray) -> np.ndarray:

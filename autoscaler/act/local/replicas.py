@@ -7,7 +7,7 @@ this module knows how to launch and describe one replica.
 A group is ONE ``LocalReplica`` here (routed, scraped, drained and stopped
 through its leader) but several planner replicas in ``to_replicas()``: one per
 member GPU, ids ``"<group>-<rank>"``, profile ``"whole"``, start 0, all in the
-group's state -- the planner's own convention (``planner_actions``), so the
+group's state -- the planner's own convention (``planner.actions``), so the
 planner sees exactly the groups it asked for.
 """
 

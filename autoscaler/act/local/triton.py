@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 from autoscaler.act.local.procs import error_lines, kill_group, spawn, stop_child, tail_lines
 
@@ -287,7 +288,7 @@ class TritonProcess:
         # created; signalling the group by our own PID reaches them and nothing else.
         return stop_child(self.proc, timeout_s)
 
-    def __enter__(self) -> TritonProcess:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

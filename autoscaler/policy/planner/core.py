@@ -15,7 +15,7 @@ DELETE actions per call (the rest is deferred with ``Reason.CHURN_BUDGET``
 and the next call continues).
 
 How (a fast heuristic; ``milp.py`` holds the exact reference):
-1. sizing (``planner_sizing``): keep the running replicas that still earn
+1. sizing (``planner.sizing``): keep the running replicas that still earn
    their place; add the fewest-slices mix covering the missing req/s; drop
    replicas demand no longer needs (least efficient, emptiest GPU first);
    switch a model wholesale to its fresh optimal mix only when that saves at
@@ -23,9 +23,9 @@ How (a fast heuristic; ``milp.py`` holds the exact reference):
    old one -- smaller savings are not worth the churn; a model that holds
    more capacity than its (long-stabilized) demand swaps one oversized
    replica per tick for a smaller one on an empty instance (``_downsize``).
-2. multinode models (``planner_multinode``) take whole RDMA GPUs,
+2. multinode models (``planner.multinode``) take whole RDMA GPUs,
    all-or-nothing per group, one fabric preferred.
-3. placement (``planner_place`` over ``packing``): a running model short of
+3. placement (``planner.place`` over ``packing``): a running model short of
    its demand first takes empty instances that exist now, on any usable
    profile (``place_urgent``: ready in a start delay, not after a
    repartition; such a GPU keeps its layout this tick); then new replicas fill GPUs
@@ -36,9 +36,9 @@ How (a fast heuristic; ``milp.py`` holds the exact reference):
    bound, a coordinate descent over the new models' alternative mixes
    (each within 6 slices of its optimum) keeps the best plan: a lost GPU
    there is 25-50% (the benchmark's optimality gap vs the MILP).
-5. actions (``planner_actions``): churn budget (within a priority, the
+5. actions (``planner.actions``): churn budget (within a priority, the
    creates that need no repartition first), dependency order, layouts.
-6. warm spares (``planner_spare``): on a calm tick, empty instances of the
+6. warm spares (``planner.spare``): on a calm tick, empty instances of the
    profiles ``decide`` learned to keep are carved on GPUs already in use.
 
 Shortfall priority rule (when the cluster cannot hold everything): first
@@ -110,10 +110,10 @@ def plan(
     """Plan replicas, placements, layouts and actions for one tick (pure).
 
     ``spares``: profile -> empty instances to keep carved on GPUs in use
-    (``planner_spare.keep_spares``, on calm ticks only).
+    (``planner.spare.keep_spares``, on calm ticks only).
 
     ``fast_path``: a running model short of its demand first takes empty
-    instances that exist now (``planner_urgent``), and creates that need no
+    instances that exist now (``planner.urgent``), and creates that need no
     repartition go first under the churn budget -- right when repartitions
     take minutes (mig-manager); off where they are ~instant (the local
     emulation), so bursts are met with the most efficient profiles.

@@ -166,7 +166,7 @@ class GpuWork:
         self.soft: set[Placement] = set(current)
         self.whole: str | None = None  # multinode model holding the whole GPU
         self.frozen = False  # GpuState.busy: work in flight, nothing new goes here this tick
-        # Hosts a scale-up fast-path replica (``planner_urgent.place_urgent``):
+        # Hosts a scale-up fast-path replica (``planner.urgent.place_urgent``):
         # its layout stays as cut this tick -- a repartition would hold that
         # replica's start for the whole repartition -- so only its existing
         # empty instances take more replicas.

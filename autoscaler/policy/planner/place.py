@@ -1,13 +1,17 @@
 """Planner step 2b: place new replicas, repair high availability, consolidate.
 
 Pure; used by ``planner.plan`` after sizing and after the scale-up fast path
-(``planner_urgent.place_urgent``). Works on the per-GPU work state
+(``planner.urgent.place_urgent``). Works on the per-GPU work state
 of ``packing`` (``GpuWork``) in two tiers: first only space that is free now,
 then also the space of replicas that leave this tick (a CREATE there waits
 for their DELETE). When everything cannot fit, the shortfall priority rule
 (see ``planner``) decides who gets the space: one replica for every model
 that would otherwise have none (``_place_presence``), then higher priority
 first, floors before extra capacity, the extra capacity in proportion to demand.
+
+Size: ~500 lines, over the house limit of ~450, because the two tiers, the
+shortfall rule and consolidation walk the same ``GpuWork`` state in one order;
+split, each part would re-derive what the previous one left free.
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ def _close_tier2(gpus: list[GpuWork], saved: dict[str, dict[int, Placement]], be
             # Instances of leaving replicas that nothing new took stay blocked
             # (their replica is deleted this tick; the instance stays as it is);
             # those a new replica overlaps are taken by it (the CREATE waits for
-            # their DELETE: see planner_actions).
+            # their DELETE: see planner/actions.py).
             taken = [Placement(s, v[1]) for s, v in g.hard.items()]
             g.blocked = {s: p for s, p in saved[g.id].items()
                          if not any(overlaps(g.product, p, t) for t in taken)}

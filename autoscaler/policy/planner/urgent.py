@@ -1,6 +1,6 @@
 """Planner step 2a: the scale-up fast path -- time to capacity before slices.
 
-Pure; used by ``planner._attempt`` before ``planner_place.place_all``. A
+Pure; used by ``planner._attempt`` before ``planner.place.place_all``. A
 running model short of its demand first takes empty MIG instances that exist
 now, on any profile it can use: a replica there serves after a pod start
 (~30 s), one behind a repartition after minutes (mig-manager: 3-5 min,
