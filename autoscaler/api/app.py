@@ -1,6 +1,6 @@
 """The migscale HTTP app: metrics APIs for the HPA, /metrics, health, plan, status, UI.
 
-Part of the export step (DESIGN.md, "export"): the controller publishes each
+Part of the loop's export step (README, "Architecture"): the controller publishes each
 tick into an :class:`~autoscaler.api.state.ApiState`; this app serves it. The
 same app runs embedded in the local controller (``serve_in_thread``) and
 standalone in Kubernetes (``migscale api``), behind the TLS and client-auth

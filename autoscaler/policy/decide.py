@@ -459,18 +459,25 @@ FAST_PATH_MIN_REPARTITION_S = 30.0
 PEAK_BUCKET_S = 60.0
 
 
+def _bucket_s(window_s: float) -> float:
+    """One peak bucket: a minute, or a 30th of a right-size window under a minute
+    (a 4 s window in compressed-time runs would otherwise wait for a whole minute)."""
+    return PEAK_BUCKET_S if window_s <= 0 or window_s >= PEAK_BUCKET_S else window_s / 30.0
+
+
 def _record_peak(peaks: tuple, now_s: float, required: float | None, keep_s: float) -> tuple:
     """Per-minute maxima of the req/s required (None: a minute with an unknown one),
     kept for ``keep_s``: what right-sizing looks back over, 30 entries for 30 min."""
-    b = math.floor(now_s / PEAK_BUCKET_S) * PEAK_BUCKET_S
+    bucket = _bucket_s(keep_s)
+    b = math.floor(now_s / bucket) * bucket
     if peaks and peaks[-1][0] == b:
         v = peaks[-1][1]
         v = None if v is None or required is None else max(v, required)
         peaks = peaks[:-1] + ((b, v),)
     else:
         peaks = peaks + ((b, required),)
-    if peaks[0][0] + PEAK_BUCKET_S <= now_s - keep_s:
-        peaks = tuple(p for p in peaks if p[0] + PEAK_BUCKET_S > now_s - keep_s)
+    if peaks[0][0] + bucket <= now_s - keep_s:
+        peaks = tuple(p for p in peaks if p[0] + bucket > now_s - keep_s)
     return peaks
 
 
@@ -480,7 +487,7 @@ def _held_rps(peaks: tuple, now_s: float, config: PolicyConfig) -> float | None:
     if not config.rightsize_window_s:
         return None  # right-sizing off: a holding count holds its capacity
     window = max(config.scale_down.stabilization_window_s, config.rightsize_window_s)
-    vals = [v for b, v in peaks if b + PEAK_BUCKET_S > now_s - window]
+    vals = [v for b, v in peaks if b + _bucket_s(window) > now_s - window]
     if not vals or any(v is None for v in vals):
         return None
     return max(vals)
