@@ -37,6 +37,7 @@ from pydantic_core import PydanticCustomError
 
 from autoscaler.config.io import ConfigError, Problems, format_errors, load_yaml, short
 from autoscaler.mig import PRODUCTS, LayoutError, check_layout, get_product, parse_layout
+from autoscaler.policy.forecast import HeadroomConfig
 
 __all__ = [
     "ClusterConfig",
@@ -459,7 +460,7 @@ class PolicyConfig(_Strict):
                             description="plan capacity = forecast * (1 + headroom) until a headroom is learned, "
                                         "and always when headroom_quantile is null")
     headroom_quantile: float | None = Field(
-        default=0.99, ge=0.5, le=0.999,
+        default=HeadroomConfig.quantile, ge=0.5, le=0.999,
         description="learn each model's headroom as this quantile of how far demand rose above the forecast "
                     "within one reaction horizon (last 4 h); null = the fixed headroom",
     )

@@ -54,10 +54,9 @@ class PolicyConfig:
     # The headroom before one is learned (and always, when headroom_quantile is None).
     headroom: float = 0.2
     # The learned headroom: this quantile of how far demand rose above the forecast
-    # within one reaction horizon (``forecast.py``); the policy's main knob. 0.99 is
-    # the cheapest of 0.9/0.95/0.99 that reached 99% mean attainment on the
-    # development seeds 1-5 of benchmarks/generalization.py (0.95 reached 98.95%).
-    headroom_quantile: float | None = 0.99
+    # within one reaction horizon (``forecast.py``, where its default is chosen);
+    # the policy's main knob.
+    headroom_quantile: float | None = fc.HeadroomConfig.quantile
     # Seconds from CREATE to a serving replica: a pod start on Kubernetes (30 s in
     # the simulator), ~2 s for a local tritonserver. Part of the reaction horizon.
     replica_start_s: float = 30.0
