@@ -7,8 +7,9 @@ simulator's baselines and the API's publisher, anything with ``tick()``) and
 hand it to a ``Driver``; none of them schedules ticks itself (the Kubernetes
 controller adopts it next). The driver owns four things:
 
-- **cadence and back-off**: after each tick it waits ``result.next_delay_s``
-  (the loop's own exponential back-off after failed ticks). A tick that
+- **cadence and back-off**: healthy ticks start every ``result.next_delay_s``
+  (fixed rate: the time a tick took is subtracted, down to one ``slice_s``);
+  after a failed tick it waits the loop's own exponential back-off in full. A tick that
   raises -- the loop catches its own errors, so this means a bug or a broken
   hook -- is logged with its traceback, counted in ``tick_errors`` and backed
   off the same way (``tick_s * 2**k``, at most ``max_backoff_s``). The loop
@@ -137,7 +138,14 @@ class Driver:
             self.last_tick_s = started
             self.consecutive_failures = 0 if result.ok else self.consecutive_failures + 1
         self._hook("after_tick", result)
-        return max(0.0, float(result.next_delay_s))
+        delay = max(0.0, float(result.next_delay_s))
+        if not result.ok:
+            return delay  # a back-off counts from the end of the failed tick
+        # Fixed rate: a healthy tick starts every ``next_delay_s`` however long the last
+        # one took, so a 4 s tick on a 5 s cadence does not stretch reaction to 9 s.
+        # A tick that overran still leaves one slice for the idle hook (status, fast scrape).
+        elapsed = max(0.0, self.clock.now() - started)
+        return max(min(self.slice_s, delay), delay - elapsed)
 
     def _backoff(self) -> float:
         # same rule as the loop's own: tick_s * 2**k after k failures in a row, capped

@@ -49,12 +49,16 @@ local: {frontdoor_port: 0, api_port: 0, prometheus: "off"}
     return models, cluster
 
 
-@pytest.mark.parametrize("p99_ms,expected_rc", [(2000.0, 0), (1.0, 1)])
-def test_short_demo_writes_the_report_and_stops_everything(tmp_path, p99_ms, expected_rc):
+# The failing verdict needs only a few judged seconds, so its script is shorter
+@pytest.mark.parametrize("p99_ms,expected_rc,script", [
+    (2000.0, 0, DemoScript(hot="resnet", base_rps=10, peak_rps=60, steady={}, rise_at_s=8, fall_at_s=24,
+                           duration_s=35)),
+    (1.0, 1, DemoScript(hot="resnet", base_rps=10, peak_rps=60, steady={}, rise_at_s=4, fall_at_s=10,
+                        duration_s=20)),
+], ids=["met", "missed"])
+def test_short_demo_writes_the_report_and_stops_everything(tmp_path, p99_ms, expected_rc, script):
     models, cluster = _write(tmp_path, p99_ms)
     results = tmp_path / "results"
-    script = DemoScript(hot="resnet", base_rps=10, peak_rps=60, steady={}, rise_at_s=8, fall_at_s=24,
-                        duration_s=35)
     rc = run_demo(models, load_models(models), load_cluster(cluster), results, live=False, script=script,
                   reaction_s=10, console=Console(file=io.StringIO()))
     assert rc == expected_rc  # the verdict (a 1 ms p99 cannot be met) reaches the exit code

@@ -24,14 +24,16 @@ class Outcome:
 class Scripted:
     """A tickable whose ticks succeed, fail or raise as scripted; records the clock at each tick."""
 
-    def __init__(self, clock: VirtualClock, script: list[str], delay_s: float = 5.0) -> None:
+    def __init__(self, clock: VirtualClock, script: list[str], delay_s: float = 5.0, takes_s: float = 0.0) -> None:
         self.clock = clock
         self.script = list(script)
         self.delay_s = delay_s
+        self.takes_s = takes_s
         self.at: list[float] = []
 
     def tick(self) -> Outcome:
         self.at.append(self.clock.now())
+        self.clock.advance(self.takes_s)
         what = self.script.pop(0) if self.script else "ok"
         if what == "raise":
             raise RuntimeError("boom")
@@ -46,6 +48,25 @@ def test_ticks_on_the_cadence_the_loop_asks_for() -> None:
     # ok -> 5 s, fail -> 10 s (the loop's back-off), then 5 s steps
     assert loop.at == [0.0, 5.0, 15.0, 20.0, 25.0]
     assert d.ticks == 5 and d.consecutive_failures == 0
+
+
+def test_healthy_ticks_start_at_a_fixed_rate_whatever_they_take() -> None:
+    clock = VirtualClock()
+    loop = Scripted(clock, ["ok", "ok", "fail", "ok"], takes_s=3.0)
+    d = Driver(loop, clock, tick_s=5.0, slice_s=1.0)
+    d.run(lambda: len(loop.at) >= 5)
+    # ok ticks start 5 s apart though each takes 3 s; the failed one (at 10, ends 13) waits its full 10 s
+    assert loop.at == [0.0, 5.0, 10.0, 23.0, 28.0]
+
+
+def test_a_tick_longer_than_the_cadence_leaves_one_slice_for_the_idle_hook() -> None:
+    clock = VirtualClock()
+    loop = Scripted(clock, [], takes_s=7.0)
+    idles: list[float] = []
+    d = Driver(loop, clock, tick_s=5.0, slice_s=1.0, hooks=Hooks(idle=lambda: idles.append(clock.now())))
+    d.run(lambda: len(loop.at) >= 3)
+    assert loop.at == [0.0, 8.0, 16.0]
+    assert idles[:2] == [8.0, 16.0]
 
 
 def test_a_raising_tick_is_counted_logged_and_backed_off(caplog: pytest.LogCaptureFixture) -> None:
