@@ -16,9 +16,11 @@ controller adopts it next). The driver owns four things:
   logs and counts the exceptions it catches (``ControlLoop.tick_errors``);
   ``health().tick_errors`` is both, the one ``migscale_tick_errors_total``;
 - **hooks**: ``before_tick`` (the Kubernetes lease check points the gate),
-  ``after_tick`` (publish to the metrics API) and ``idle``, called every
-  ``slice_s`` while waiting (the local controller's 1 s status refresh). A
-  hook that raises is logged and counted, never fatal;
+  ``after_tick`` (publish to the metrics API), ``idle``, called every
+  ``slice_s`` while waiting (the local controller's 1 s status refresh and
+  fast scrape), and ``wake``, asked after each idle slice whether to tick
+  now (a burst seen between ticks). A hook that raises is logged and
+  counted, never fatal;
 - **stopping**: ``run(stop)`` returns within one slice of ``stop`` being set
   (a ``threading.Event`` or a predicate, e.g. "the trace has ended");
 - **health**: ``health()`` says whether the picture the loop publishes is
@@ -66,6 +68,9 @@ class Hooks:
     before_tick: Callable[[], None] | None = None
     after_tick: Callable[[TickOutcome], None] | None = None
     idle: Callable[[], None] | None = None
+    # Asked after each idle slice of a healthy wait: True starts the next tick now
+    # (the local controller's burst check: a rise seen by the 1 s scrape between ticks).
+    wake: Callable[[], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,8 @@ class Driver:
         self.consecutive_failures = 0
         self.last_tick_s: float | None = None
         self.last_error: str | None = None
+        self.early_ticks = 0  # waits ended by the wake hook
+        self._backing_off = False
         self._running = False
         self._stopped = False
         self._lock = threading.Lock()
@@ -132,6 +139,7 @@ class Driver:
                 self.tick_errors += 1
                 self.consecutive_failures += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"
+            self._backing_off = True
             return self._backoff()
         with self._lock:
             self.ticks += 1
@@ -139,6 +147,7 @@ class Driver:
             self.consecutive_failures = 0 if result.ok else self.consecutive_failures + 1
         self._hook("after_tick", result)
         delay = max(0.0, float(result.next_delay_s))
+        self._backing_off = not result.ok
         if not result.ok:
             return delay  # a back-off counts from the end of the failed tick
         # Fixed rate: a healthy tick starts every ``next_delay_s`` however long the last
@@ -151,27 +160,34 @@ class Driver:
         # same rule as the loop's own: tick_s * 2**k after k failures in a row, capped
         return min(self.max_backoff_s, self.tick_s * 2 ** self.consecutive_failures)
 
-    def _hook(self, name: str, *args: object) -> None:
+    def _hook(self, name: str, *args: object) -> object:
         fn = getattr(self.hooks, name)
         if fn is None:
-            return
+            return None
         try:
-            fn(*args)
+            return fn(*args)
         except Exception as exc:
             log.exception("%s hook raised", name)
             with self._lock:
                 self.hook_errors += 1
                 self.last_error = f"{name}: {type(exc).__name__}: {exc}"
+            return None
 
     # ------------------------------------------------------------ running
     def wait(self, seconds: float, stop: Callable[[], bool]) -> None:
-        """Sleep ``seconds`` on the clock in ``slice_s`` slices, calling ``idle`` after each."""
+        """Sleep ``seconds`` on the clock in ``slice_s`` slices, calling ``idle`` after each;
+        a healthy wait ends early when ``wake`` says so (never a back-off: a failing
+        loop is not hurried by load)."""
         remaining = seconds
         while remaining > 1e-9 and not stop():
             step = min(self.slice_s, remaining)
             self.clock.sleep(step)
             remaining -= step
             self._hook("idle")
+            if not self._backing_off and self._hook("wake") is True:
+                with self._lock:
+                    self.early_ticks += 1
+                return
 
     def run(self, stop: threading.Event | Callable[[], bool]) -> None:
         """Tick until ``stop`` is set (an Event) or true (a predicate)."""

@@ -81,3 +81,17 @@ def demand(fast: FastSignals | None, now_s: float, capacity_rps: float | None,
     if fast.pending is not None and fast.pending > 0 and cfg.backlog_drain_s > 0:
         lam += fast.pending / cfg.backlog_drain_s
     return lam
+
+
+def outruns(fast: FastSignals | None, now_s: float, capacity_rps: float | None,
+            cfg: BurstConfig = BurstConfig()) -> bool:
+    """Whether what the burst layer would size for exceeds the capacity serving now.
+
+    The run loop asks this between ticks (from the 1 s scrape) to tick at once
+    when a model starts to outrun its replicas, instead of waiting out the
+    cadence. No capacity figure or no fresh signal: False (nothing is known to
+    be short, so nothing is hurried)."""
+    if capacity_rps is None or capacity_rps <= 0:
+        return False
+    want = demand(fast, now_s, capacity_rps, cfg)
+    return want is not None and want > capacity_rps

@@ -684,7 +684,8 @@ def _replan(memo: tuple | None, key: tuple, target_rps: Mapping[str, float], cap
     last call, so is its plan (the planner is pure); "hold": no, nothing is urgent
     and the last call is under ``every_s`` (``replan_s``) old; "plan": yes.
 
-    Urgent: a replica count the HPA stages changed (``moving``), a model whose
+    Urgent: a replica count the HPA stages changed (``moving``), a model added
+    to or removed from the configuration, a model whose
     live replicas fall short of its target (a rise, a burst) on a cluster or
     with a target the last call did not see, a replica that failed, a different
     set of GPUs. What is not urgent -- a smaller profile, emptying a GPU,
@@ -711,6 +712,8 @@ def _replan(memo: tuple | None, key: tuple, target_rps: Mapping[str, float], cap
     if moving:
         return "plan"  # the HPA stages changed a replica count: act on it now
     targets0 = dict(memo[0][0])
+    if set(target_rps) != set(targets0):
+        return "plan"  # a model added or removed (a live config change): start or drain it now
     for name, tgt in target_rps.items():
         if tgt > caps.get(name, 0.0) * (1 + 1e-9) and (cluster != cluster0 or tgt > targets0.get(name, 0.0)):
             return "plan"

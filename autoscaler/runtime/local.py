@@ -40,6 +40,7 @@ from autoscaler.loop import ControlLoop, TickResult
 from autoscaler.observe.fast import FastScrape, WithFast
 from autoscaler.observe.prometheus import PrometheusSource
 from autoscaler.observe.scrape import ScrapeSource
+from autoscaler.policy import burst
 from autoscaler.policy.types import ReplicaState
 from autoscaler.runtime.local_setup import initial_actions
 
@@ -93,6 +94,7 @@ class LocalController:
         self._tick_lock = threading.Lock()
         self.fast = FastScrape(self._targets, window_s=FAST_WINDOW_S)
         self._tick_s: float | None = None  # last tick's duration, for /metrics
+        self._outrun: set[str] = set()  # models short of capacity at the last burst check
 
     # ------------------------------------------------------------ wiring
     def _targets(self) -> dict[str, tuple[str, str]]:
@@ -172,6 +174,26 @@ class LocalController:
         """Ticks whose exception the loop caught and logged (the driver adds those that escaped)."""
         return self.loop.tick_errors if self.loop is not None else 0
 
+    def outrun_models(self) -> set[str]:
+        """Models whose burst demand (the last 1 s scrapes) exceeds what their ready replicas serve."""
+        now = self.clock.now()
+        fast = self.fast.signals(now)
+        specs = {sp.name: sp for sp in self.specs}
+        capacity: dict[str, float] = {}
+        for r in self.cluster.replicas():
+            spec = specs.get(r.model)
+            if r.state is ReplicaState.READY and spec is not None:
+                capacity[r.model] = capacity.get(r.model, 0.0) + float(spec.capacity.get(r.profile, 0.0))
+        return {m for m, f in fast.items() if burst.outruns(f, now, capacity.get(m))}
+
+    def burst_began(self) -> bool:
+        """The driver's wake hook: True once when a model starts to outrun its replicas
+        (edge-triggered, so a long burst brings one early tick, not one a second)."""
+        now_short = self.outrun_models()
+        began = bool(now_short - self._outrun)
+        self._outrun = now_short
+        return began
+
     def build_driver(self, idle: Callable[[], None] | None = None) -> Driver:
         """The run loop around ``tick``; the metrics API follows its health."""
         def every_second() -> None:
@@ -180,7 +202,7 @@ class LocalController:
                 idle()
 
         self.driver = Driver(self, self.clock, tick_s=self.tick_s, max_snapshot_age_s=self.max_age_s,
-                             slice_s=STATUS_EVERY_S, hooks=Hooks(idle=every_second))
+                             slice_s=STATUS_EVERY_S, hooks=Hooks(idle=every_second, wake=self.burst_began))
         self.api_state.health = self.driver.health
         return self.driver
 

@@ -159,3 +159,32 @@ def test_drives_the_production_control_loop_on_a_virtual_clock() -> None:
     d.run(lambda: clock.now() >= 60.0)
     assert d.ticks == 12 and d.tick_errors == 0 and d.health().last_tick_s == 55.0
     assert len([r for r in inv.cluster.replicas if r.model == "m"]) >= 3
+
+
+def test_wake_ends_a_healthy_wait_but_never_a_back_off() -> None:
+    clock = VirtualClock()
+    loop = Scripted(clock, ["ok", "fail", "ok"], delay_s=5.0)
+    asked: list[float] = []
+
+    def wake() -> bool:
+        asked.append(clock.now())
+        return clock.now() in (2.0, 6.0, 8.0)  # a burst seen 2 s after the first tick; more during the back-off
+
+    d = Driver(loop, clock, tick_s=5.0, slice_s=1.0, hooks=Hooks(wake=wake))
+    d.run(lambda: len(loop.at) >= 4)
+    # tick at 0, woken at 2 (fails), the 10 s back-off is not cut short at 6 or 8, then 5 s again
+    assert loop.at == [0.0, 2.0, 12.0, 17.0]
+    assert d.early_ticks == 1 and not {6.0, 8.0} & set(asked)  # not even asked while backing off
+
+
+def test_a_raising_wake_hook_is_counted_and_the_cadence_kept() -> None:
+    clock = VirtualClock()
+    loop = Scripted(clock, [])
+
+    def wake() -> bool:
+        raise RuntimeError("scrape bug")
+
+    d = Driver(loop, clock, tick_s=5.0, slice_s=1.0, hooks=Hooks(wake=wake))
+    d.run(lambda: len(loop.at) >= 3)
+    assert loop.at == [0.0, 5.0, 10.0]
+    assert d.hook_errors == 10 and d.early_ticks == 0

@@ -1,0 +1,78 @@
+"""Ticking at once when a burst begins: ``burst.outruns`` (pure) and the local controller's
+edge-triggered wake hook, on injected scrapes and a virtual clock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoscaler.clock import VirtualClock
+from autoscaler.config import load_cluster, load_models
+from autoscaler.observe.fast import FastScrape
+from autoscaler.policy import burst
+from autoscaler.policy.types import FastSignals, ReplicaState
+from autoscaler.runtime.local import LocalController
+from test_fast_source import Pages, expo
+
+
+def sig(arrival: float, done: float, pending: float = 0.0) -> FastSignals:
+    return FastSignals(t_s=10.0, window_s=3.0, arrival_rps=arrival, completed_rps=done, pending=pending)
+
+
+def test_outruns_when_arrivals_exceed_the_capacity_serving():
+    assert burst.outruns(sig(arrival=130.0, done=100.0), 10.0, capacity_rps=116.0)
+    assert not burst.outruns(sig(arrival=90.0, done=90.0), 10.0, capacity_rps=116.0)
+    # a backlog counts: 90 arriving + 300 queued to drain in 10 s = 120 > 116
+    assert burst.outruns(sig(arrival=90.0, done=90.0, pending=300.0), 10.0, capacity_rps=116.0)
+
+
+def test_nothing_known_hurries_nothing():
+    assert not burst.outruns(None, 10.0, capacity_rps=116.0)  # no fast signals
+    assert not burst.outruns(sig(arrival=500.0, done=100.0), 10.0, capacity_rps=None)  # no capacity figure
+    assert not burst.outruns(sig(arrival=500.0, done=100.0), 30.0, capacity_rps=116.0)  # stale (20 s old)
+
+
+@dataclass
+class Rep:
+    id: str
+    model: str
+    profile: str
+    state: ReplicaState
+
+
+class StubCluster:
+    def __init__(self) -> None:
+        self.reps = [Rep("r1", "resnet", "1g.10gb", ReplicaState.READY),
+                     Rep("r2", "resnet", "1g.10gb", ReplicaState.STARTING)]
+
+    def replicas(self):
+        return list(self.reps)
+
+
+def test_the_wake_hook_fires_once_when_a_model_starts_to_outrun_its_ready_replicas(tmp_path):
+    (tmp_path / "m.yaml").write_text(
+        "models:\n  - {name: resnet, model_dir: " + str(tmp_path) + ", slo: {p99_ms: 150},"
+        " profiles: [1g.10gb], capacity: {1g.10gb: 58}}\n")
+    (tmp_path / "c.yaml").write_text("gpus:\n  - {node: n0, product: A100-SXM4-80GB, count: 1, emulated: true}\n")
+    clock = VirtualClock(100.0)
+    ctl = LocalController(StubCluster(), load_models(tmp_path / "m.yaml"), load_cluster(tmp_path / "c.yaml"),
+                          clock=clock)
+    pages = Pages()
+    ctl.fast = FastScrape(lambda: {"r1": ("resnet", "u1")}, window_s=3.0, fetch=pages.fetch)
+    served = 0.0
+
+    def second(rps: float) -> bool:
+        nonlocal served
+        served += rps
+        pages.text = {"u1": expo(served, 0, 0, 0)}
+        ctl.fast.sample(clock.now())
+        woke = ctl.burst_began()
+        clock.advance(1.0)
+        return woke
+
+    # 40 req/s on one ready 1g (58 req/s; the starting replica does not count): calm
+    assert [second(40.0) for _ in range(4)] == [False] * 4
+    # 70 req/s completed: over the 58 the ready replica is rated for; one wake, not one a second
+    assert [second(70.0) for _ in range(5)] == [False, False, True, False, False]
+    # calm again, then a second burst wakes again
+    assert [second(30.0) for _ in range(4)][-1] is False
+    assert True in [second(90.0) for _ in range(4)]
