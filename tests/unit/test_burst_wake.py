@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from test_fast_source import Pages, expo
+
 from autoscaler.clock import VirtualClock
 from autoscaler.config import load_cluster, load_models
 from autoscaler.observe.fast import FastScrape
 from autoscaler.policy import burst
 from autoscaler.policy.types import FastSignals, ReplicaState
 from autoscaler.runtime.local import LocalController
-from test_fast_source import Pages, expo
 
 
 def sig(arrival: float, done: float, pending: float = 0.0) -> FastSignals:
