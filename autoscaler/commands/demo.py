@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
         results: Annotated[Path, typer.Option("--results", help="report folder (replaced)")] = Path("demo-results"),
         live: Annotated[bool, typer.Option("--live/--no-live", help="redraw the live terminal view")] = True,
         reaction_s: Annotated[float, typer.Option("--reaction-s", min=0,
-                                                  help="seconds after each load rise that are not judged")] = 35.0,
+                                                  help="seconds after each load rise that are not judged")] = 25.0,
     ) -> None:
         """Start the local cluster, drive a locust spike through it, show the scaling live, write a report.
 

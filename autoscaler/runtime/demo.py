@@ -195,7 +195,7 @@ def _port_or_free(port: int) -> int:
 
 def run_demo(models_path: Path, models_cfg: ModelsConfig, cluster_cfg: ClusterConfig, results: Path, *,
              live: bool = True,
-             script: DemoScript | None = None, reaction_s: float = 35.0, console: Console | None = None) -> int:
+             script: DemoScript | None = None, reaction_s: float = 25.0, console: Console | None = None) -> int:
     from autoscaler.runtime.local import run_controller
 
     console = console or Console()
