@@ -243,12 +243,14 @@ class SupervisionMixin:
                 return
             now = c.clock.now()
             c.backoff.restarted(r.id, r.exited_s if r.exited_s is not None else now, now)
+            # Counted before the start: a reader that sees the new generation (bumped inside
+            # start(), read without our lock) must not see the old count.
+            r.restarts += 1
             if r.is_group:
                 r.process.start()
             else:
                 r.process = c._relaunch(r)
             c._record(r)
-            r.restarts += 1
             r.routable = False
             r.last_counters = None
             r.next_restart_s = None
