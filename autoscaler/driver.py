@@ -120,7 +120,6 @@ class Driver:
         self.last_tick_s: float | None = None
         self.last_error: str | None = None
         self.early_ticks = 0  # waits ended by the wake hook
-        self._backing_off = False
         self._running = False
         self._stopped = False
         self._lock = threading.Lock()
@@ -139,7 +138,6 @@ class Driver:
                 self.tick_errors += 1
                 self.consecutive_failures += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"
-            self._backing_off = True
             return self._backoff()
         with self._lock:
             self.ticks += 1
@@ -147,7 +145,6 @@ class Driver:
             self.consecutive_failures = 0 if result.ok else self.consecutive_failures + 1
         self._hook("after_tick", result)
         delay = max(0.0, float(result.next_delay_s))
-        self._backing_off = not result.ok
         if not result.ok:
             return delay  # a back-off counts from the end of the failed tick
         # Fixed rate: a healthy tick starts every ``next_delay_s`` however long the last
@@ -184,7 +181,7 @@ class Driver:
             self.clock.sleep(step)
             remaining -= step
             self._hook("idle")
-            if not self._backing_off and self._hook("wake") is True:
+            if not self.consecutive_failures and self._hook("wake") is True:
                 with self._lock:
                     self.early_ticks += 1
                 return

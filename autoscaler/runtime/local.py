@@ -41,6 +41,7 @@ from autoscaler.observe.fast import FastScrape, WithFast
 from autoscaler.observe.prometheus import PrometheusSource
 from autoscaler.observe.scrape import ScrapeSource
 from autoscaler.policy import burst
+from autoscaler.policy.decide import replica_capacity
 from autoscaler.policy.types import ReplicaState
 from autoscaler.runtime.local_setup import initial_actions
 
@@ -183,7 +184,7 @@ class LocalController:
         for r in self.cluster.replicas():
             spec = specs.get(r.model)
             if r.state is ReplicaState.READY and spec is not None:
-                capacity[r.model] = capacity.get(r.model, 0.0) + float(spec.capacity.get(r.profile, 0.0))
+                capacity[r.model] = capacity.get(r.model, 0.0) + (replica_capacity(spec, r.profile) or 0.0)
         return {m for m, f in fast.items() if burst.outruns(f, now, capacity.get(m))}
 
     def burst_began(self) -> bool:

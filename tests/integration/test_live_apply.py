@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from _support import wait_until
+from _support import live_status, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -33,12 +33,7 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 def status(run_dir: Path) -> dict | None:
-    # status.json as the running controller rewrites it each second (what `migscale status
-    # --json` prints): polled directly, not through a new interpreter every half second
-    try:
-        return json.loads((run_dir / "status.json").read_text())
-    except (OSError, ValueError):
-        return None
+    return live_status(run_dir)
 
 
 def ready_models(run_dir: Path) -> set[str]:

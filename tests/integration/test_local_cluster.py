@@ -23,7 +23,7 @@ from typing import Self
 import numpy as np
 import pytest
 import tritonclient.http as th
-from _support import wait_until
+from _support import live_status, wait_until
 
 from autoscaler.act.local.cluster import LocalCluster
 from autoscaler.act.local.pids import load_records, proc_alive, proc_command, started_from
@@ -302,14 +302,8 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 def _status_ready(run_dir: Path):
-    # status.json as the live controller writes it each second (what `migscale status --json`
-    # prints; the CLI itself is checked once per test, not started every half second on the
-    # two cores the replicas are starting on). A dead controller's file does not count.
-    try:
-        doc = json.loads((run_dir / "status.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not doc.get("controller_pid") or not proc_alive(doc["controller_pid"]):
+    doc = live_status(run_dir)  # the CLI itself is checked once per test
+    if doc is None:
         return None
     reps = doc["replicas"]
     return doc if len(reps) == 2 and all(x["state"] == "ready" for x in reps) else None

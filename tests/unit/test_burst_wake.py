@@ -75,5 +75,5 @@ def test_the_wake_hook_fires_once_when_a_model_starts_to_outrun_its_ready_replic
     # 70 req/s completed: over the 58 the ready replica is rated for; one wake, not one a second
     assert [second(70.0) for _ in range(5)] == [False, False, True, False, False]
     # calm again, then a second burst wakes again
-    assert [second(30.0) for _ in range(4)][-1] is False
-    assert True in [second(90.0) for _ in range(4)]
+    assert [second(30.0) for _ in range(4)] == [False] * 4
+    assert [second(90.0) for _ in range(4)] == [False, True, False, False]
