@@ -180,27 +180,27 @@ class ApiState:
             snap.ready = True
             snap.cache_enabled = self.cache
             self._record_history(observation, models)
-            snap.plan_body = dumps(
-                {
+            # The inputs are immutable (or copied here), so each body renders later, on
+            # first read, exactly as it would have now.
+            models = tuple(models)
+            history = {m: tuple(pts) for m, pts in self._history.items()}
+            status_doc = _jsonable(status)  # a copy: the caller's dict may share live objects
+            snap.bodies = {
+                "plan": lambda: dumps({
                     "t_s": now,
                     "plan": plan_json(plan),
                     "cluster": cluster_json(cluster, plan),
                     "models": models_json(models, observation, plan, cluster, slos),
-                }
-            )
-            snap.status_body = dumps(_jsonable(status))
-            snap.history_body = dumps(
-                {
+                }),
+                "status": lambda: dumps(status_doc),
+                "history": lambda: dumps({
                     "window_s": HISTORY_S,
                     "models": {
-                        m: {
-                            "slo_p99_ms": finite(slos.get(m)),
-                            "points": [list(p) for p in pts],
-                        }
-                        for m, pts in sorted(self._history.items())
+                        m: {"slo_p99_ms": finite(slos.get(m)), "points": [list(p) for p in pts]}
+                        for m, pts in sorted(history.items())
                     },
-                }
-            )
+                }),
+            }
             self._snap = snap
             self._published_s = self.clock.now()
             for fn in self._listeners:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from autoscaler.observe.queries import Queries
@@ -42,6 +43,11 @@ LIMITS: Mapping[str, float] = {
     "busy_fraction": 1e3,  # >1 with several model instances per replica
     "gr_engine_active": 1.5,  # a 0..1 ratio; GR_ENGINE_ACTIVE may read slightly >1 on some versions
 }
+
+
+# Queries in flight at once: what one Prometheus answers without queueing them
+# (its --query.max-concurrency defaults to 20), small enough to stay polite.
+QUERY_CONCURRENCY = 4
 
 
 class PrometheusUnavailable(ConnectionError):
@@ -117,14 +123,27 @@ class PrometheusSource:
         return query
 
     def _run_all(self, names: Sequence[str], notes: list[str]) -> tuple[dict[str, list], int]:
+        """Every query, ``QUERY_CONCURRENCY`` at a time (Prometheus evaluates them in
+        parallel; one after another, 18 round trips are most of a tick at 200 models).
+        Results and notes in the order of ``names``, whatever order they finish in."""
+        def one(n: str) -> list | BaseException:
+            try:
+                return self._query(self.queries.render(n, self.window_s)) or []
+            except Exception as exc:  # noqa: BLE001 - one failing query is a missing signal, not an outage
+                return exc
+
+        # A pool per read: its threads end with the read (no lifecycle to leak), and
+        # starting four threads costs about a millisecond against a 5-15 s tick.
+        with ThreadPoolExecutor(QUERY_CONCURRENCY, thread_name_prefix="prom-query") as pool:
+            answers = list(pool.map(one, names))
         results: dict[str, list] = {}
         failed = 0
-        for n in names:
-            try:
-                results[n] = self._query(self.queries.render(n, self.window_s)) or []
-            except Exception as exc:  # noqa: BLE001 - one failing query is a missing signal, not an outage
+        for n, got in zip(names, answers):
+            if isinstance(got, BaseException):
                 failed += 1
-                notes.append(f"{Reason.INVALID_METRIC.value}: query {n} failed: {type(exc).__name__}: {exc}")
+                notes.append(f"{Reason.INVALID_METRIC.value}: query {n} failed: {type(got).__name__}: {got}")
+            else:
+                results[n] = got
         return results, failed
 
     def read(

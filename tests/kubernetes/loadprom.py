@@ -35,6 +35,8 @@ from autoscaler.observe.queries import Queries
 
 
 class LoadPrometheus:
+    EVAL_S = 0.5
+
     def __init__(
         self,
         fake: FakeKube,
@@ -53,6 +55,8 @@ class LoadPrometheus:
         self.start = time.time()
         self.queries = 0
         self.unknown: list[str] = []
+        self._lock = threading.Lock()
+        self._cached: tuple | None = None
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -90,13 +94,23 @@ class LoadPrometheus:
 
     def state(self) -> dict[str, dict[str, float]]:
         """Per model: offered, capacity (Ready pods), utilisation."""
-        offered = self.load(time.time() - self.start)
-        ready = self.ready_pods()
-        out = {}
-        for model, lam in offered.items():
-            cap = sum(self.capacity.get(model, {}).get(prof, 0.0) for _, prof in ready.get(model, []))
-            out[model] = {"offered": lam, "capacity": cap, "rho": lam / cap if cap else float("inf")}
-        return out
+        return self._evaluate()[2]
+
+    def _evaluate(self) -> tuple[float, dict[str, list[tuple[str, str]]], dict[str, dict[str, float]]]:
+        """(time, Ready pods per model, state), recomputed at most every ``EVAL_S``: the
+        queries of one read see one picture, as Prometheus's data changes only per
+        scrape (5-15 s) -- and 18 queries need not each walk every pod."""
+        with self._lock:
+            now = time.time()
+            if self._cached is None or now - self._cached[0] > self.EVAL_S:
+                offered = self.load(now - self.start)
+                ready = self.ready_pods()
+                out = {}
+                for model, lam in offered.items():
+                    cap = sum(self.capacity.get(model, {}).get(prof, 0.0) for _, prof in ready.get(model, []))
+                    out[model] = {"offered": lam, "capacity": cap, "rho": lam / cap if cap else float("inf")}
+                self._cached = (now, ready, out)
+            return self._cached
 
     def answer(self, query: str) -> list[dict[str, Any]]:
         self.queries += 1
@@ -104,10 +118,9 @@ class LoadPrometheus:
         if name is None:
             self.unknown.append(query)
             return []
-        now = time.time()
-        ready = self.ready_pods()
+        now, ready, state = self._evaluate()
         rows = []
-        for model, st in self.state().items():
+        for model, st in state.items():
             lam, cap, rho = st["offered"], st["capacity"], st["rho"]
             served = min(lam, cap)
             ratio = min(20.0, rho * rho / (1 - rho)) if rho < 1 else 20.0

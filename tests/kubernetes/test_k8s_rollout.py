@@ -141,3 +141,47 @@ def test_new_pods_land_on_the_nodes_the_planner_chose(cluster, backends):
     new = next(p for p in fake.list("Pod") if p["metadata"]["name"] not in {q["metadata"]["name"] for q in pods})
     exprs = new["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"]
     assert [e["key"] for e in exprs] == ["nvidia.com/gpu.product"]
+
+
+class _WritesTakeTime(VirtualClock):
+    """Each reading is 0.1 s after the last: a pass's steps take time, as real writes do."""
+
+    def now(self) -> float:
+        self.advance(0.1)
+        return super().now()
+
+
+def test_a_pass_stops_at_its_time_budget_and_the_next_goes_on_from_there(cluster, backends):
+    models = [ModelSpec(f"m{i}", {"1g.10gb": 10}, ("1g.10gb",), max_replicas=4) for i in range(6)]
+    cluster.add_nodes(2, {"1g.10gb": 7})
+    be = backends(models, clock=_WritesTakeTime(1_800_000_000.0), pass_budget_s=0.25)
+    fake = cluster.fake
+    caught_up(be, fake)
+
+    def created() -> list[str]:
+        return [m.name for m in models if fake.get("Deployment", f"{m.name}-1g-10gb") is not None]
+
+    assert be.apply([act("create", m.name) for m in models]) == []  # six independent chains
+    first = created()
+    assert 0 < len(first) < 6 and first == [m.name for m in models[:len(first)]]
+    assert be.rollout.deferred == 1
+    waiting = set(be.in_flight()[1])
+    assert waiting == {m.name for m in models[len(first):]}  # the rest are in flight, not lost
+    assert all("time for API writes is spent" in be.rollout.waiting()[m] for m in waiting)
+    passes = 1
+    while len(created()) < 6:
+        assert be.advance() == []
+        passes += 1
+        assert passes < 10
+    assert passes > 1 and not be.rollout.chains
+    assert all(fake.get("Deployment", f"{m.name}-1g-10gb")["spec"]["replicas"] == 1 for m in models)
+
+
+def test_without_a_budget_one_pass_takes_every_step(cluster, backends):
+    models = [ModelSpec(f"m{i}", {"1g.10gb": 10}, ("1g.10gb",), max_replicas=4) for i in range(6)]
+    cluster.add_nodes(2, {"1g.10gb": 7})
+    be = backends(models, clock=_WritesTakeTime(1_800_000_000.0), pass_budget_s=None)
+    caught_up(be, cluster.fake)
+    assert be.apply([act("create", m.name) for m in models]) == []
+    assert all(cluster.fake.get("Deployment", f"{m.name}-1g-10gb") is not None for m in models)
+    assert be.rollout.deferred == 0 and not be.rollout.chains

@@ -63,6 +63,7 @@ class KubernetesBackend:
         identity: str = "migscale",
         caches: Caches | None = None,
         ready_timeout_s: float = 600.0,
+        pass_budget_s: float | None = 0.25,
         drain_timeout_s: float = 300.0,
         config_timeout_s: float = 600.0,
         retry_after_s: float = 120.0,
@@ -87,7 +88,7 @@ class KubernetesBackend:
             drain_timeout_s=drain_timeout_s, config_timeout_s=config_timeout_s, retry_after_s=retry_after_s,
         )
         self.rollout = Rollout(self.workloads, self.repartitioner, self.clock, cannot_start=self._cannot_start,
-                               ready_timeout_s=ready_timeout_s)
+                               ready_timeout_s=ready_timeout_s, pass_budget_s=pass_budget_s)
         self.apply_calls: deque[str] = deque(maxlen=500)  # what was written, newest last
         self._late: deque[str] = deque(maxlen=200)  # errors of queued work, until take_errors() reads them
         self._last: ClusterState | None = None
