@@ -60,6 +60,8 @@ class LoadPrometheus:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
+            disable_nagle_algorithm = True  # as fakeapi.py: no delayed-ACK stall per answer
+
             def do_GET(self) -> None:
                 url = urllib.parse.urlparse(self.path)
                 query = urllib.parse.parse_qs(url.query).get("query", [""])[0]

@@ -222,3 +222,34 @@ def test_a_follower_holds_only_the_gpus_the_leader_repartitions_and_writes_nothi
     caught_up(follower, fake)
     follower.snapshot()
     assert "node-a/0" not in gate.in_flight()[0]
+
+
+def test_a_pass_over_many_nodes_stops_at_its_budget_and_the_next_starts_where_it_stopped():
+    from autoscaler.act.kubernetes.repartition import DRAINING, Repartitioner
+
+    clock = VirtualClock(1_800_000_000.0)
+    names = [f"node-{i}" for i in range(6)]
+
+    class Nodes:  # the informer's read side: every node exists
+        def get(self, name):
+            return {"metadata": {"name": name}}
+
+    r = Repartitioner(None, CFG, clock, Nodes(), None, pass_budget_s=0.25)
+    r.in_progress = lambda: {n: {"phase": DRAINING, "id": n} for n in names}
+    seen: list[str] = []
+
+    def drain(node, st):  # each node's drain writes for 0.1 s
+        seen.append(node["metadata"]["name"])
+        clock.advance(0.1)
+
+    r._drain = drain
+    assert r.advance() == []
+    first = list(seen)
+    assert first == names[:3] and r.deferred == 1  # 0.3 s > 0.25 s: the 4th waits
+    seen.clear()
+    r.advance()
+    assert seen == names[3:]  # the next pass starts with the first node not reached...
+    seen.clear()
+    r.pass_budget_s = None
+    r.advance()
+    assert seen == names  # ...and without a budget every node is taken, in order

@@ -86,6 +86,7 @@ class KubernetesBackend:
             rest, cfg, self.clock, self.caches.nodes, self.caches.pods, workloads=self.workloads,
             free_elsewhere=self._free_elsewhere, identity=identity, event=self._event,
             drain_timeout_s=drain_timeout_s, config_timeout_s=config_timeout_s, retry_after_s=retry_after_s,
+            pass_budget_s=pass_budget_s,
         )
         self.rollout = Rollout(self.workloads, self.repartitioner, self.clock, cannot_start=self._cannot_start,
                                ready_timeout_s=ready_timeout_s, pass_budget_s=pass_budget_s)

@@ -122,7 +122,7 @@ def plan(
     A large fleet is planned on its view (``planner.view``): the GPUs in use
     and the first few empty GPUs of each kind, which is the same plan.
     """
-    return plan_through_view(models, demand_rps, cluster, SLACK + 2 * new_replicas_bound(models, demand_rps, cluster),
+    return plan_through_view(models, demand_rps, cluster, SLACK + new_replicas_bound(models, demand_rps, cluster) // 4,
                              churn_budget=churn_budget, now_s=now_s, fast_path=fast_path, spares=spares)
 
 
