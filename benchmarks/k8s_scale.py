@@ -74,10 +74,11 @@ def cluster_process(conn, nodes: int, caps: dict, load: dict, factor) -> None:
     from loadprom import LoadPrometheus
 
     names = sorted(load)
-    c = EmulatedCluster(ready_delay_s=1.0, stop_s=0.5, mig_delay_s=5.0, interval_s=0.5, bookmark_s=10.0).start()
+    c = EmulatedCluster(ready_delay_s=1.0, stop_s=0.5, mig_delay_s=5.0, interval_s=0.5, bookmark_s=10.0).start(nodelay=True)
     for i in range(nodes):
         c.fake.put_object(gpu_node(f"node-{i:04d}", NODE_COUNTS, gpus=8), manager="kubelet")
-    prom = LoadPrometheus(c.fake, caps, lambda t: {m: load[m] * factor[k] for k, m in enumerate(names)}, window_s=30)
+    prom = LoadPrometheus(c.fake, caps, lambda t: {m: load[m] * factor[k] for k, m in enumerate(names)}, window_s=30,
+                          nodelay=True)
     conn.send((c.url, prom.url))
     conn.recv()  # until the parent is done
     conn.send({"controller_errors": c.plane.errors[:5], "objects": len(c.fake.objects),

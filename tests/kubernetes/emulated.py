@@ -49,8 +49,8 @@ class EmulatedCluster:
                                    self.kubelet, DisruptionController(self.fake), self.mig], interval_s=interval_s)
         self.url = ""
 
-    def start(self) -> EmulatedCluster:
-        self.url = self.fake.serve()
+    def start(self, nodelay: bool = False) -> EmulatedCluster:
+        self.url = self.fake.serve(nodelay=nodelay)
         self.plane.start()
         return self
 

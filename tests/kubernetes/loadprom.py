@@ -45,6 +45,7 @@ class LoadPrometheus:
         *,
         window_s: float = 1.0,
         compute_ms: float = 10.0,
+        nodelay: bool = False,
     ) -> None:
         self.fake = fake
         self.capacity = capacity
@@ -60,7 +61,7 @@ class LoadPrometheus:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
-            disable_nagle_algorithm = True  # as fakeapi.py: no delayed-ACK stall per answer
+            disable_nagle_algorithm = nodelay  # as FakeKube.serve
 
             def do_GET(self) -> None:
                 url = urllib.parse.urlparse(self.path)

@@ -40,13 +40,26 @@ def ready(be, model: str, profile: str | None = None) -> int:
 def settle(be, fake) -> list[str]:
     late: list[str] = []
 
+    def converged() -> bool:
+        # the ReplicaSets have acted on the last scale write: each workload has exactly
+        # spec.replicas pods, none of them still terminating
+        pods = fake.list("Pod")
+        for d in fake.list("Deployment"):
+            sel = d["spec"]["selector"]["matchLabels"]
+            mine = [p for p in pods if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in sel.items())]
+            if len(mine) != d["spec"].get("replicas", 1):
+                return False
+        return True
+
     def quiet() -> bool:
         be.snapshot()
         be.advance()
         late.extend(be.take_errors())
-        return not be.rollout.chains and not any(r.state is not ReplicaState.READY for r in be.snapshot().replicas)
+        return (not be.rollout.chains and converged()
+                and not any(r.state is not ReplicaState.READY for r in be.snapshot().replicas))
 
     wait_until(quiet, 15, "nothing queued, starting or draining")
+    caught_up(be, fake)  # the caches have seen what the server converged to
     return late
 
 

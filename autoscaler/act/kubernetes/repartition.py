@@ -284,8 +284,9 @@ class Repartitioner:
     def _drain(self, node: Obj, st: dict[str, Any]) -> str | None:
         name = node["metadata"]["name"]
         now = self.clock.now()
-        here = [p for p in self.pods.items() if (p.get("spec") or {}).get("nodeName") == name
-                and pod_uses_gpu(p) and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+        on_node = self.pods.grouped("nodeName", lambda p: (p.get("spec") or {}).get("nodeName"))
+        here = [p for p in on_node.get(name, ())
+                if pod_uses_gpu(p) and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
         by_workload: dict[tuple[str, str], list[Obj]] = {}
         for p in here:
             model = (p["metadata"].get("labels") or {}).get(MODEL_LABEL) or ""

@@ -184,10 +184,9 @@ class Workloads:
 
     def pods_of(self, model: str, profile: str) -> list[Obj]:
         out = []
-        for p in self.caches.pods.items():
+        by_model = self.caches.pods.grouped(MODEL_LABEL, lambda p: (p["metadata"].get("labels") or {}).get(MODEL_LABEL))
+        for p in by_model.get(model, ()):
             lbls = p["metadata"].get("labels") or {}
-            if lbls.get(MODEL_LABEL) != model:
-                continue
             if profile == WHOLE:
                 if lbls.get(LWS_WORKER_INDEX, "0") == "0" and (LWS_WORKER_INDEX in lbls or pod_profile(p) == WHOLE):
                     out.append(p)
