@@ -448,6 +448,8 @@ class ControlPlane:
                 self.errors.append(f"{type(c).__name__}: {type(exc).__name__}: {exc}")
 
     def start(self) -> ControlPlane:
+        self._stop.clear()  # a stopped plane may be started again (a test pauses the controllers)
+
         def loop() -> None:
             while not self._stop.is_set():
                 self.step()

@@ -734,12 +734,12 @@ class FakeKube:
 
     # ------------------------------------------------------------ server
 
-    def serve(self, nodelay: bool = False) -> str:
+    def serve(self, nodelay: bool = True) -> str:
         """Serve on a loopback port. ``nodelay``: send with TCP_NODELAY, as the Go API server
         does. Headers and body go out as two writes on a kept-alive connection, so with
-        Nagle on (the default here) each answer waits for the client's delayed ACK: ~40 ms
-        a request, ~16 ms without. The tests run with the slower one: at 16 ms the
-        end-to-end swap test fails about one run in three (noted in the README)."""
+        Nagle on each answer waits for the client's delayed ACK: ~40 ms a request instead
+        of ~16 ms -- a latency that hid a race (a plan made from a cache that had not yet
+        seen a scale-down; ``KubernetesBackend.scaling_down``)."""
         fake = self
 
         class Handler(BaseHTTPRequestHandler):

@@ -135,6 +135,23 @@ def test_drain_and_delete_of_a_replica_already_gone_are_done_and_remove_nothing_
     assert settle(be, fake) == [] and ready(be, "m") == 1
 
 
+def test_a_scale_down_not_yet_carried_out_keeps_the_model_in_flight(cluster, backends):
+    # The ReplicaSet's "expectations": until the pod the scale-down removes is going, a plan
+    # from the cache would count it as serving and could scale down its replacement too.
+    fake, be = world(cluster, backends)
+    be.apply([act("create", "m", "1g.10gb", gpu="node/0")] * 2)
+    settle(be, fake)
+    assert be.in_flight() == (frozenset(), frozenset())
+    victim = min(r.id for r in be.snapshot().replicas)
+    cluster.plane.stop()  # the ReplicaSet controller does not act for now
+    assert be.apply([act("drain", "m", "1g.10gb", replica=victim), act("delete", "m", "1g.10gb", replica=victim)]) == []
+    assert not be.rollout.chains and fake.get("Deployment", "m-1g-10gb")["spec"]["replicas"] == 1
+    assert ready(be, "m") == 2 and "m" in be.in_flight()[1]  # two live pods for a size of 1: held
+    cluster.plane.start()
+    assert settle(be, fake) == []
+    assert ready(be, "m") == 1 and "m" not in be.in_flight()[1]
+
+
 def test_repartition_to_the_layout_a_node_has_is_done_at_once(cluster, backends):
     fake, be = world(cluster, backends, {"3g.40gb": 2})
     layout = (Placement(0, "3g.40gb"), Placement(4, "3g.40gb"))

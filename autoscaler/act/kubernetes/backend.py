@@ -38,7 +38,7 @@ from typing import Any
 from autoscaler.act.kubernetes.client import KubeError, KubeRest
 from autoscaler.act.kubernetes.events import EventRecorder
 from autoscaler.act.kubernetes.informer import wait_all_synced
-from autoscaler.act.kubernetes.inventory import KubeInventory, is_ready, unschedulable
+from autoscaler.act.kubernetes.inventory import KubeInventory, is_ready, pod_profile, unschedulable
 from autoscaler.act.kubernetes.leader import LeaseElector
 from autoscaler.act.kubernetes.leader import micro_time as rfc3339
 from autoscaler.act.kubernetes.render import MODEL_LABEL, WHOLE, OwnerRef, RenderConfig
@@ -192,7 +192,26 @@ class KubernetesBackend:
         for r in last.replicas:
             if r.state is ReplicaState.DRAINING and r.gpu:
                 gpus.add(r.gpu)
+        models |= self.scaling_down()
         return frozenset(gpus), frozenset(models)
+
+    def scaling_down(self) -> set[str]:
+        """Models with a workload that has more live pods than its size: a scale-down written
+        but not yet carried out (the ReplicaSet has not deleted the pod, or the cache has not
+        heard). The ReplicaSet controller keeps such "expectations" for the same reason: until
+        they are met, a plan made from the cache counts the pod on its way out as serving,
+        and may scale down its replacement too -- leaving the model with none."""
+        live: dict[tuple[str, str], int] = {}
+        for p in self.caches.pods.items():
+            meta = p["metadata"]
+            lbls = meta.get("labels") or {}
+            model = lbls.get(MODEL_LABEL)
+            if (model not in self.workloads.models or meta.get("deletionTimestamp")
+                    or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")):
+                continue
+            key = (model, pod_profile(p))
+            live[key] = live.get(key, 0) + 1
+        return {m for (m, prof), n in live.items() if prof != WHOLE and n > self.workloads.size(m, prof)}
 
     def _free_elsewhere(self, profile: str, node: str) -> int:
         """Free instances of ``profile`` on schedulable nodes other than ``node``, by the last snapshot."""
