@@ -49,7 +49,7 @@ class EmulatedCluster:
                                    self.kubelet, DisruptionController(self.fake), self.mig], interval_s=interval_s)
         self.url = ""
 
-    def start(self, nodelay: bool = True) -> EmulatedCluster:
+    def start(self, nodelay: bool = False) -> EmulatedCluster:
         self.url = self.fake.serve(nodelay=nodelay)
         self.plane.start()
         return self

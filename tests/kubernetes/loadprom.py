@@ -45,7 +45,7 @@ class LoadPrometheus:
         *,
         window_s: float = 1.0,
         compute_ms: float = 10.0,
-        nodelay: bool = True,
+        nodelay: bool = False,
     ) -> None:
         self.fake = fake
         self.capacity = capacity
