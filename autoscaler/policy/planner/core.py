@@ -134,6 +134,8 @@ def plan_through_view(models: Sequence[ModelSpec], demand_rps: Mapping[str, floa
         p = plan_whole(models, demand_rps, v.cluster, fleet_gpus=len(cluster.gpus), **kw)
         if v.holds(p):
             return v.complete(p, _hidden_layout)
+        if p.shortfall:
+            break  # whether room is the cause, only the whole fleet says: no use growing the view
         k *= GROWTH
     return plan_whole(models, demand_rps, cluster, fleet_gpus=len(cluster.gpus), **kw)
 

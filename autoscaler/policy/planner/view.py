@@ -14,13 +14,15 @@ reservation) and the first ``k`` empty GPUs of each kind, in cluster order.
 Its plan is the whole fleet's plan when it leaves at least one of the kept
 GPUs of every thinned kind untouched and reports no shortfall: then no step
 ran out of a kind the fleet still had more of, and no "does it all fit?"
-question was answered with less room than the fleet has. Otherwise the call
+question was answered with less room than the fleet has. A plan with a
+shortfall is made again on the whole fleet at once. Otherwise the call
 is repeated with a larger ``k``, and last on the whole fleet.
 ``tests/unit/test_planner_view.py`` compares the two on random fleets.
 
 What stays whole: fleets of up to ``MIN_FLEET_GPUS`` GPUs (the view would
-save little), and every RDMA GPU when a multinode model exists (its groups
-pick GPUs by node, not by order alone).
+save little), and every fleet serving a multinode model: its groups pick
+GPUs by node, not by order alone, and the property test found a fleet with
+an RDMA pool kept whole where the view's plan still differed.
 
 Worked number: 1,000 nodes x 8 A100s cut three ways, 550 replicas on ~300
 GPUs, a steady tick asks for ~20 new replicas: the view is ~300 + 3 x 37
@@ -82,7 +84,9 @@ class View:
 
     def holds(self, p: Plan) -> bool:
         """Whether ``p`` (made on the view) is the whole fleet's plan: no shortfall, and at
-        least one kept GPU of every thinned kind left as it was."""
+        least one kept GPU of every thinned kind left as it was. (A shortfall of a model
+        already at its max_replicas looks harmless, but the property test found a fleet
+        where the view's plan still differed: the shortfall rule reshuffles the others.)"""
         if p.shortfall:
             return False
         touched = {a.gpu for a in p.assignments}
@@ -116,15 +120,14 @@ class View:
 def view(models: Sequence[ModelSpec], cluster: ClusterState, k: int) -> View | None:
     """The fleet thinned to every GPU in use and the first ``k`` empty GPUs of each kind
     (None: nothing to leave out)."""
-    if len(cluster.gpus) <= MIN_FLEET_GPUS:
+    if len(cluster.gpus) <= MIN_FLEET_GPUS or any(m.backend == "multinode" for m in models):
         return None
-    keep_rdma = any(m.backend == "multinode" for m in models)
     used = {r.gpu for r in cluster.replicas}
     seen: dict[tuple, list[str]] = {}
     hidden: dict[str, tuple] = {}
     out: list[GpuState] = []
     for g in cluster.gpus:
-        if g.id in used or g.reserved_by is not None or (keep_rdma and g.rdma) or g.product not in PRODUCTS:
+        if g.id in used or g.reserved_by is not None or g.product not in PRODUCTS:
             out.append(g)
             continue
         kind = _kind(g)
