@@ -57,6 +57,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import autoscaler.policy.planner.actions as acts
 from autoscaler.mig.layout import Placement
@@ -122,8 +123,22 @@ def plan(
     A large fleet is planned on its view (``planner.view``): the GPUs in use
     and the first few empty GPUs of each kind, which is the same plan.
     """
+    kw: dict[str, Any] = {"churn_budget": churn_budget, "now_s": now_s, "fast_path": fast_path, "spares": spares}
+    if _short_anyway(models, demand_rps):  # a shortfall sends a view's plan to the whole fleet: go there now
+        return plan_whole(models, demand_rps, cluster, fleet_gpus=len(cluster.gpus), **kw)
     return plan_through_view(models, demand_rps, cluster, SLACK + new_replicas_bound(models, demand_rps, cluster) // 4,
-                             churn_budget=churn_budget, now_s=now_s, fast_path=fast_path, spares=spares)
+                             **kw)
+
+
+def _short_anyway(models: Sequence[ModelSpec], demand_rps: Mapping[str, float]) -> bool:
+    """Some model wants more than max_replicas of its best profile serve: the plan has a shortfall."""
+    for m in models:
+        d = demand_rps.get(m.name)
+        caps = [c for p in m.allowed_profiles if (c := m.capacity.get(p))]
+        if m.backend == "mig" and caps and isinstance(d, (int, float)) and math.isfinite(d) \
+                and d > m.max_replicas * max(caps) + EPS:
+            return True
+    return False
 
 
 def plan_through_view(models: Sequence[ModelSpec], demand_rps: Mapping[str, float], cluster: ClusterState, k: int,
