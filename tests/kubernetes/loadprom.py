@@ -95,12 +95,9 @@ class LoadPrometheus:
                 out.setdefault(model, []).append((p["metadata"]["name"], lbls.get("migscale.io/profile", "").replace("_", "+")))
         return out
 
-    def state(self) -> dict[str, dict[str, float]]:
-        """Per model: offered, capacity (Ready pods), utilisation."""
-        return self._evaluate()[2]
-
     def _evaluate(self) -> tuple[float, dict[str, list[tuple[str, str]]], dict[str, dict[str, float]]]:
-        """(time, Ready pods per model, state), recomputed at most every ``EVAL_S``: the
+        """(time, Ready pods per model, per model: offered, capacity of the Ready pods,
+        utilisation), recomputed at most every ``EVAL_S``: the
         queries of one read see one picture, as Prometheus's data changes only per
         scrape (5-15 s) -- and 18 queries need not each walk every pod."""
         with self._lock:
