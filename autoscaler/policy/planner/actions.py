@@ -365,12 +365,12 @@ def _final_layout(g: GpuWork) -> tuple[Placement, ...]:
     if g.whole is not None:
         return ()
     # plain (start, profile) pairs: they hash in C, a Placement through its dataclass __hash__
-    return fill_layout(g.product, tuple(sorted((s, v[1]) for s, v in g.hard.items())),
+    return _fill_layout(g.product, tuple(sorted((s, v[1]) for s, v in g.hard.items())),
                         tuple((p.start, p.profile) for p in g.current))
 
 
 @lru_cache(maxsize=8192)
-def fill_layout(product: Product, occupied: tuple[tuple[int, str], ...], current: tuple[tuple[int, str], ...]
+def _fill_layout(product: Product, occupied: tuple[tuple[int, str], ...], current: tuple[tuple[int, str], ...]
                  ) -> tuple[Placement, ...]:
     """``_final_layout``'s work, cached: a fleet repeats the same few GPU states tick after tick."""
     layout = [Placement(s, prof) for s, prof in occupied]

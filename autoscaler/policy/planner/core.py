@@ -57,7 +57,6 @@ import dataclasses
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import autoscaler.policy.planner.actions as acts
 from autoscaler.mig.layout import Placement
@@ -81,11 +80,10 @@ from autoscaler.policy.planner.sizing import (
 )
 from autoscaler.policy.planner.spare import keep_spares
 from autoscaler.policy.planner.urgent import place_urgent
-from autoscaler.policy.planner.view import GROWTH, SLACK, new_replicas_bound, view
 from autoscaler.policy.planner.work import HEALTHY, ModelWork
-from autoscaler.policy.types import ClusterState, GpuState, ModelSpec, Plan, Reason, Replica, ReplicaState
+from autoscaler.policy.types import ClusterState, ModelSpec, Plan, Reason, Replica, ReplicaState
 
-__all__ = ["DOWNSIZE_MIN_SLICES", "WHOLE", "apply_plan_to_cluster", "group_of", "plan", "plan_through_view", "plan_whole"]
+__all__ = ["DOWNSIZE_MIN_SLICES", "WHOLE", "apply_plan_to_cluster", "group_of", "plan"]
 
 apply_plan_to_cluster = acts.apply_plan_to_cluster
 
@@ -119,61 +117,7 @@ def plan(
     repartition go first under the churn budget -- right when repartitions
     take minutes (mig-manager); off where they are ~instant (the local
     emulation), so bursts are met with the most efficient profiles.
-
-    A large fleet is planned on its view (``planner.view``): the GPUs in use
-    and the first few empty GPUs of each kind, which is the same plan.
     """
-    kw: dict[str, Any] = {"churn_budget": churn_budget, "now_s": now_s, "fast_path": fast_path, "spares": spares}
-    if _short_anyway(models, demand_rps):  # a shortfall sends a view's plan to the whole fleet: go there now
-        return plan_whole(models, demand_rps, cluster, fleet_gpus=len(cluster.gpus), **kw)
-    return plan_through_view(models, demand_rps, cluster, SLACK + new_replicas_bound(models, demand_rps, cluster) // 4,
-                             **kw)
-
-
-def _short_anyway(models: Sequence[ModelSpec], demand_rps: Mapping[str, float]) -> bool:
-    """Some model wants more than max_replicas of its best profile serve: the plan has a shortfall."""
-    for m in models:
-        d = demand_rps.get(m.name)
-        caps = [c for p in m.allowed_profiles if (c := m.capacity.get(p))]
-        if m.backend == "mig" and caps and isinstance(d, (int, float)) and math.isfinite(d) \
-                and d > m.max_replicas * max(caps) + EPS:
-            return True
-    return False
-
-
-def plan_through_view(models: Sequence[ModelSpec], demand_rps: Mapping[str, float], cluster: ClusterState, k: int,
-                      **kw) -> Plan:
-    """``plan`` on the view keeping ``k`` empty GPUs of each kind; ``k`` grows while the
-    view proves too small, up to the whole fleet."""
-    while (v := view(models, cluster, k)) is not None:
-        p = plan_whole(models, demand_rps, v.cluster, fleet_gpus=len(cluster.gpus), **kw)
-        if v.holds(p):
-            return v.complete(p, _hidden_layout)
-        if p.shortfall:
-            break  # whether room is the cause, only the whole fleet says: no use growing the view
-        k *= GROWTH
-    return plan_whole(models, demand_rps, cluster, fleet_gpus=len(cluster.gpus), **kw)
-
-
-def _hidden_layout(g: GpuState) -> tuple[Placement, ...]:
-    """The target layout of an empty GPU the plan leaves as it is (``actions._final_layout``)."""
-    product = PRODUCTS[g.product]
-    current = tuple((p.start, p.profile) for p in sorted(g.layout)) if g.mig_enabled else ()
-    return acts.fill_layout(product, (), current)
-
-
-def plan_whole(
-    models: Sequence[ModelSpec],
-    demand_rps: Mapping[str, float],
-    cluster: ClusterState,
-    *,
-    churn_budget: int | None = None,
-    now_s: float = 0.0,
-    fast_path: bool = True,
-    spares: Mapping[str, int] | None = None,
-    fleet_gpus: int | None = None,
-) -> Plan:
-    """``plan`` on every GPU of ``cluster`` (``fleet_gpus``: the size of the fleet it is a view of)."""
     # A NaN/inf/non-number demand is not a demand: the model holds as if blind.
     invalid = {k for k, v in demand_rps.items() if not isinstance(v, (int, float)) or not math.isfinite(v)}
     demand_rps = {k: max(0.0, float(v)) for k, v in demand_rps.items() if k not in invalid}
@@ -235,7 +179,7 @@ def plan_whole(
         if not failed - no_rebalance:
             break
         no_rebalance |= failed
-    if _worth_searching(best, work, gpus, fleet_gpus if fleet_gpus is not None else len(gpus)):
+    if _worth_searching(best, work, gpus):
         if any(m.add and m.spec.high_availability for m in work.values()):
             # Variant: pack without holding HA replicas back, repair HA after.
             alt = attempt(None, plain=True)
@@ -267,8 +211,8 @@ def _lower_bound(work: dict[str, ModelWork], gpus: list[GpuWork]) -> int:
     return math.ceil(total / per_gpu)
 
 
-def _worth_searching(best: Plan, work: dict[str, ModelWork], gpus: list[GpuWork], fleet_gpus: int) -> bool:
-    if fleet_gpus > SEARCH_MAX_GPUS or not any(m.add and not m.running for m in work.values()):
+def _worth_searching(best: Plan, work: dict[str, ModelWork], gpus: list[GpuWork]) -> bool:
+    if len(gpus) > SEARCH_MAX_GPUS or not any(m.add and not m.running for m in work.values()):
         return False
     if best.shortfall or any(Reason.SHORTFALL in rs for rs in best.reasons.values()):
         return True
