@@ -30,6 +30,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 
 from autoscaler.policy import burst as bu
 from autoscaler.policy import demand as dm
@@ -42,6 +43,25 @@ from autoscaler.policy.types import ClusterState, ModelSpec, Observation, Plan, 
 PlannerFn = Callable[..., Plan]
 
 _LIVE = (ReplicaState.STARTING, ReplicaState.READY)
+
+
+class Replan(str, Enum):
+    """Whether a tick calls the planner, and why (``_replan``; ``PolicyState.replan``)."""
+
+    SAME = "same"  # no: the planner's inputs are those of the last call, so is its plan
+    HOLD = "hold"  # no: nothing urgent, and the last call is under replan_s old
+    FIRST = "first"  # yes: no earlier call
+    PERIODIC = "periodic"  # yes: the last call is replan_s old
+    SETTINGS = "settings"  # yes: the churn budget or the fast path changed
+    GPUS = "gpus"  # yes: a different set of GPUs
+    FAILED = "failed"  # yes: a replica failed or crash-loops
+    MOVING = "moving"  # yes: the HPA stages changed a replica count
+    MODELS = "models"  # yes: a model added to or removed from the configuration
+    SHORT = "short"  # yes: a model short of a target (or on a cluster) the last call did not see
+
+    @property
+    def calls(self) -> bool:
+        return self not in (Replan.SAME, Replan.HOLD)
 
 
 @dataclass(frozen=True)
@@ -184,6 +204,7 @@ class PolicyState:
     diagnostics: Mapping[str, ModelDiagnostics] = field(default_factory=dict)
     spares: sp.SpareState = field(default_factory=sp.SpareState)
     t_s: float | None = None
+    replan: Replan | None = None  # whether this tick called the planner, and why
 
 
 def replica_capacity(spec: ModelSpec, profile: str) -> float | None:
@@ -647,9 +668,9 @@ def decide(
     memo = state.planner_memo if state.planner_memo is not None and state.planner_memo[2] is planner else None
     why = _replan(memo, key, target_rps, caps, bool(moving), now_s, config.replan_s)
     spare_state = state.spares
-    if why == "same":
+    if why is Replan.SAME:
         plan = dataclasses.replace(memo[1], t_s=now_s)
-    elif why == "hold":
+    elif why is Replan.HOLD:
         plan = dataclasses.replace(memo[1], t_s=now_s, actions=())
     else:
         plan = plan_fn(
@@ -674,15 +695,17 @@ def decide(
         diagnostics=diags,
         spares=spare_state,
         t_s=now_s,
+        replan=why,
     )
     return plan, new_state
 
 
 def _replan(memo: tuple | None, key: tuple, target_rps: Mapping[str, float], caps: Mapping[str, float],
-            moving: bool, now_s: float, every_s: float) -> str:
-    """Does this tick call the planner? "same": no, its inputs are exactly those of the
-    last call, so is its plan (the planner is pure); "hold": no, nothing is urgent
-    and the last call is under ``every_s`` (``replan_s``) old; "plan": yes.
+            moving: bool, now_s: float, every_s: float) -> Replan:
+    """Does this tick call the planner? ``SAME``: no, its inputs are exactly those
+    of the last call, so is its plan (the planner is pure); ``HOLD``: no, nothing
+    is urgent and the last call is under ``every_s`` (``replan_s``) old; any
+    other answer is yes, and says why.
 
     Urgent: a replica count the HPA stages changed (``moving``), a model added
     to or removed from the configuration, a model whose
@@ -695,29 +718,31 @@ def _replan(memo: tuple | None, key: tuple, target_rps: Mapping[str, float], cap
     steady hour calls it about once a minute instead of four times.
     """
     if memo is None:
-        return "plan"
+        return Replan.FIRST
     if memo[0] == key:
-        return "same"
+        return Replan.SAME
     (_, cluster0, churn0, fast0, _spares0), _plan0, _, t0 = memo
     _, cluster, churn, fast, _spares = key
-    if now_s - t0 >= every_s or (churn, fast) != (churn0, fast0):
-        return "plan"
+    if now_s - t0 >= every_s:
+        return Replan.PERIODIC
+    if (churn, fast) != (churn0, fast0):
+        return Replan.SETTINGS
     if tuple(g.id for g in cluster.gpus) != tuple(g.id for g in cluster0.gpus):
-        return "plan"
+        return Replan.GPUS
     if any(r.state not in _LIVE and r.state is not ReplicaState.DRAINING for r in cluster.replicas):
-        return "plan"
+        return Replan.FAILED
+    if moving:
+        return Replan.MOVING  # the HPA stages changed a replica count: act on it now
+    targets0 = dict(memo[0][0])
+    if set(target_rps) != set(targets0):
+        return Replan.MODELS  # a live config change: start or drain it now
     # Short of its target: urgent, unless the last call already saw this very
     # cluster and no lower a target (a full fleet, actions the gate holds until a
     # GPU frees): the planner would only say the same again.
-    if moving:
-        return "plan"  # the HPA stages changed a replica count: act on it now
-    targets0 = dict(memo[0][0])
-    if set(target_rps) != set(targets0):
-        return "plan"  # a model added or removed (a live config change): start or drain it now
     for name, tgt in target_rps.items():
         if tgt > caps.get(name, 0.0) * (1 + 1e-9) and (cluster != cluster0 or tgt > targets0.get(name, 0.0)):
-            return "plan"
-    return "hold"
+            return Replan.SHORT
+    return Replan.HOLD
 
 
 def _merge_reasons(

@@ -390,7 +390,7 @@ def test_a_saturation_guess_scales_up_but_never_feeds_the_floor():
 
 
 def test_a_model_added_or_removed_calls_the_planner_at_once():
-    from autoscaler.policy.decide import _replan
+    from autoscaler.policy.decide import Replan, _replan
 
     cluster = single_gpu_cluster()
 
@@ -402,9 +402,9 @@ def test_a_model_added_or_removed_calls_the_planner_at_once():
     caps = {"resnet": 58.0, "rnn": 122.0}
     # 5 s after the last call, nothing urgent: the plan is held (replan_s 60)
     assert _replan(memo, key({"resnet": 40.0, "rnn": 20.0}), {"resnet": 40.0, "rnn": 20.0}, caps, False, 105.0,
-                   60.0) == "hold"
+                   60.0) is Replan.HOLD
     # rnn removed from the configuration: its replicas must drain now, not within the minute
-    assert _replan(memo, key({"resnet": 50.0}), {"resnet": 50.0}, caps, False, 105.0, 60.0) == "plan"
+    assert _replan(memo, key({"resnet": 50.0}), {"resnet": 50.0}, caps, False, 105.0, 60.0) is Replan.MODELS
     # bert added
     added = {**before, "bert": 10.0}
-    assert _replan(memo, key(added), added, caps, False, 105.0, 60.0) == "plan"
+    assert _replan(memo, key(added), added, caps, False, 105.0, 60.0) is Replan.MODELS
