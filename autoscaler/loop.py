@@ -165,6 +165,7 @@ class ControlLoop:
             replicas=dict(replicas),
             source_ok=source_ok,
             notes=tuple(notes),
+            in_flight=busy[1],
         )
         self.last_observation = obs
         prev = self.state

@@ -101,6 +101,8 @@ def main() -> None:
     ap.add_argument("--max-ticks", type=int, default=30, help="the scale-up ends here if not settled")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--profile", type=Path, help="write cProfile stats of the steady ticks here")
+    ap.add_argument("--dump-planner-input", type=Path,
+                    help="pickle the last planner call's inputs of the steady phase here (to profile the planner alone)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     models_yaml, caps, load = models(args.models, rng)
@@ -199,6 +201,13 @@ def main() -> None:
     if args.profile:
         prof.disable()
         prof.dump_stats(str(args.profile))
+    if args.dump_planner_input and ctl.loop.state.planner_memo is not None:
+        import pickle
+
+        targets, cluster, churn, fast, spares = ctl.loop.state.planner_memo.key
+        with args.dump_planner_input.open("wb") as f:
+            pickle.dump({"models": ctl.loop.config.models, "targets": dict(targets), "cluster": cluster,
+                         "churn_budget": churn, "fast_path": fast, "spares": dict(spares)}, f)
     for k in range(0, len(names), 2):  # half the models: 2.5x their load
         factor[k] = 2.5
     up = run(args.max_ticks, settled)
