@@ -100,6 +100,7 @@ def main() -> None:
     ap.add_argument("--warmup-ticks", type=int, default=150, help="the warm-up ends here if not settled")
     ap.add_argument("--max-ticks", type=int, default=30, help="the scale-up ends here if not settled")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--profile", type=Path, help="write cProfile stats of the steady ticks here")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     models_yaml, caps, load = models(args.models, rng)
@@ -170,7 +171,8 @@ def main() -> None:
             by = {f"{v} {res}": n for (v, res), n in (Counter(be.rest.by_resource) - by0).items() if res != "leases"}
             out.append({"tick_s": dt, "requests": total - leased, "lease": leased, "actions": len(r.actions), "by": by,
                         "errors": len(r.errors), "chains": len(be.rollout.chains),
-                        "decide_s": ctl.loop.last_decide_s or 0.0, **{f"{k}_s": v for k, v in spent.items()}})
+                        "decide_s": ctl.loop.last_decide_s or 0.0,
+                        "replan": getattr(ctl.loop.state.replan, "value", None), **{f"{k}_s": v for k, v in spent.items()}})
             print(f"tick {len(out)}: {out[-1]}", file=sys.stderr, flush=True)
             time.sleep(max(0.0, cc.policy.tick_s - dt))
             if until is not None and until(out):
@@ -188,11 +190,22 @@ def main() -> None:
     warm = run(args.warmup_ticks, settled)
     be.rollout.pass_budget_s = be.repartitioner.pass_budget_s = budget
     deferred0 = be.rollout.deferred + be.repartitioner.deferred
+    if args.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     steady = run(args.steady_ticks)
+    if args.profile:
+        prof.disable()
+        prof.dump_stats(str(args.profile))
     for k in range(0, len(names), 2):  # half the models: 2.5x their load
         factor[k] = 2.5
     up = run(args.max_ticks, settled)
     rss1 = me.memory_info().rss
+    left = {"chains_waiting": dict(Counter(c.why[:100] for c in be.rollout.chains)),
+            "repartitions": dict(Counter(st["phase"] for st in be.repartitioner.in_progress().values())),
+            "repartition_log_tail": list(be.repartitioner.log)[-15:]}
     pods = be.snapshot().replicas
     base = []
     for _ in range(5):  # the polling the informers replace: every Node and Pod, each tick
@@ -223,6 +236,8 @@ def main() -> None:
             "scale_up_median_parts": parts(up),
         },
         "steady_actions": sum(o["actions"] for o in steady),
+        # whether each tick called the planner, and why (same/hold: it did not)
+        "replan": {"steady": dict(Counter(o["replan"] for o in steady)), "scale_up": dict(Counter(o["replan"] for o in up))},
         "requests_per_tick": {
             "steady": {"mean": round(statistics.mean(steady_req), 2), "max": max(steady_req),
                        "lease_mean": round(statistics.mean(o["lease"] for o in steady), 2),
@@ -241,6 +256,7 @@ def main() -> None:
         "tick_errors": sum(o["errors"] for o in warm + steady + up),
         "warmup_settled": settled(warm),
         "scale_up_settled": settled(up),
+        "in_flight_at_end": left,
         "rollout": {"pass_budget_s": budget, "passes_stopped_at_budget": be.rollout.deferred + be.repartitioner.deferred - deferred0},
     }
     ctl.close()

@@ -42,6 +42,10 @@ class Product:
     memory_gb: float
     profiles: dict[str, Profile] = field(default_factory=dict, hash=False, compare=False)
 
+    def __hash__(self) -> int:
+        # Equal products have equal names; the planner's caches hash one per GPU.
+        return hash(self.name)
+
     def profile(self, name: str) -> Profile:
         try:
             return self.profiles[name]

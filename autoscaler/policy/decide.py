@@ -30,6 +30,8 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import NamedTuple
 
 from autoscaler.policy import burst as bu
 from autoscaler.policy import demand as dm
@@ -42,6 +44,25 @@ from autoscaler.policy.types import ClusterState, ModelSpec, Observation, Plan, 
 PlannerFn = Callable[..., Plan]
 
 _LIVE = (ReplicaState.STARTING, ReplicaState.READY)
+
+
+class Replan(str, Enum):
+    """Whether a tick calls the planner, and why (``_replan``; ``PolicyState.replan``)."""
+
+    SAME = "same"  # no: the planner's inputs are those of the last call, so is its plan
+    HOLD = "hold"  # no: nothing urgent, and the last call is under replan_s old
+    FIRST = "first"  # yes: no earlier call
+    PERIODIC = "periodic"  # yes: the last call is replan_s old
+    SETTINGS = "settings"  # yes: the churn budget or the fast path changed
+    GPUS = "gpus"  # yes: a different set of GPUs
+    FAILED = "failed"  # yes: a replica failed or crash-loops
+    MOVING = "moving"  # yes: the HPA stages changed a replica count
+    MODELS = "models"  # yes: a model added to or removed from the configuration
+    SHORT = "short"  # yes: a model short of a target (or on a cluster) the last call did not see
+
+    @property
+    def calls(self) -> bool:
+        return self not in (Replan.SAME, Replan.HOLD)
 
 
 @dataclass(frozen=True)
@@ -180,10 +201,11 @@ class PolicyState:
     last_plan: Plan | None = None
     # (planner inputs, its plan, the planner function) of the last call: equal inputs
     # give an equal plan, so an unchanged tick reuses it (see ``decide``)
-    planner_memo: tuple | None = field(default=None, repr=False, compare=False)
+    planner_memo: _Memo | None = field(default=None, repr=False, compare=False)
     diagnostics: Mapping[str, ModelDiagnostics] = field(default_factory=dict)
     spares: sp.SpareState = field(default_factory=sp.SpareState)
     t_s: float | None = None
+    replan: Replan | None = None  # whether this tick called the planner, and why
 
 
 def replica_capacity(spec: ModelSpec, profile: str) -> float | None:
@@ -545,6 +567,7 @@ def decide(
     fcs, hrs = dict(state.forecast), dict(state.headroom)
     caps: dict[str, float] = {}  # live capacity per model, for _replan
     moving: set[str] = set()  # models whose replica count the HPA stages changed
+    counts: dict[str, int] = {}  # the HPA stages' replica count per model, for _replan
     own = by_model(observation.cluster)
     none = ClusterState(observation.cluster.gpus, ())
     for spec in config.models:
@@ -602,6 +625,7 @@ def decide(
         events[name] = hpa.record_scale_event(events.get(name, ()), now_s, n, desired, keep_events)
         if desired != n:
             moving.add(name)
+        counts[name] = desired
         target_rps[name] = tgt = _target_rps(step, desired, _held_rps(peaks.get(name, ()), now_s, config))
 
         why = step.why
@@ -644,19 +668,19 @@ def decide(
     spares = sp.wanted(state.spares, now_s, spare_horizon, config.spares) if fast_path else {}
     key = (tuple(sorted(target_rps.items())), observation.cluster, config.churn_budget, fast_path,
            tuple(sorted(spares.items())))
-    memo = state.planner_memo if state.planner_memo is not None and state.planner_memo[2] is planner else None
-    why = _replan(memo, key, target_rps, caps, bool(moving), now_s, config.replan_s)
+    memo = state.planner_memo if state.planner_memo is not None and state.planner_memo.planner is planner else None
+    why = _replan(memo, key, target_rps, caps, {n: counts[n] for n in moving}, now_s, config.replan_s)
     spare_state = state.spares
-    if why == "same":
-        plan = dataclasses.replace(memo[1], t_s=now_s)
-    elif why == "hold":
-        plan = dataclasses.replace(memo[1], t_s=now_s, actions=())
+    if why is Replan.SAME:
+        plan = dataclasses.replace(memo.plan, t_s=now_s)
+    elif why is Replan.HOLD:
+        plan = dataclasses.replace(memo.plan, t_s=now_s, actions=())
     else:
         plan = plan_fn(
             config.models, target_rps, observation.cluster, churn_budget=config.churn_budget, now_s=now_s,
             fast_path=fast_path, **({"spares": spares} if spares else {}),
         )
-        memo = (key, plan, planner, now_s)
+        memo = _Memo(key, plan, planner, now_s, counts, _room(observation.cluster))
         spare_state = sp.record(spare_state, now_s, sp.cold_creates(plan.actions), config.spares)
     plan = dataclasses.replace(plan, reasons=_merge_reasons(reasons, plan.reasons), target_rps=target_rps)
     new_state = PolicyState(
@@ -674,50 +698,85 @@ def decide(
         diagnostics=diags,
         spares=spare_state,
         t_s=now_s,
+        replan=why,
     )
     return plan, new_state
 
 
-def _replan(memo: tuple | None, key: tuple, target_rps: Mapping[str, float], caps: Mapping[str, float],
-            moving: bool, now_s: float, every_s: float) -> str:
-    """Does this tick call the planner? "same": no, its inputs are exactly those of the
-    last call, so is its plan (the planner is pure); "hold": no, nothing is urgent
-    and the last call is under ``every_s`` (``replan_s``) old; "plan": yes.
+class _Memo(NamedTuple):
+    """The last planner call: equal inputs give an equal plan (the planner is pure)."""
 
-    Urgent: a replica count the HPA stages changed (``moving``), a model added
-    to or removed from the configuration, a model whose
-    live replicas fall short of its target (a rise, a burst) on a cluster or
-    with a target the last call did not see, a replica that failed, a different
-    set of GPUs. What is not urgent -- a smaller profile, emptying a GPU,
-    actions the loop's gate held back while their GPU was busy -- waits at most
-    ``every_s``. Worked
-    number: at a 15 s tick on 12 models and 16 GPUs a call costs ~10 ms, and a
-    steady hour calls it about once a minute instead of four times.
+    key: tuple  # (targets, cluster, churn budget, fast path, spares): the planner's inputs
+    plan: Plan
+    planner: PlannerFn | None
+    t_s: float
+    counts: Mapping[str, int]  # the HPA stages' replica count per model then
+    room: tuple  # ``_room`` of the cluster then
+
+
+def _room(cluster: ClusterState) -> tuple:
+    """What decides where a replica can go: each GPU's cut, mode and gate, and which
+    instances replicas hold -- not their readiness (a pod turning Ready opens no room)."""
+    return (tuple((g.id, g.layout, g.mig_enabled, g.busy, g.reserved_by) for g in cluster.gpus),
+            frozenset((r.gpu, r.start, r.profile) for r in cluster.replicas))
+
+
+def _replan(memo: _Memo | None, key: tuple, target_rps: Mapping[str, float], caps: Mapping[str, float],
+            moving: Mapping[str, int], now_s: float, every_s: float) -> Replan:
+    """Does this tick call the planner? ``SAME``: no, its inputs are exactly those
+    of the last call, so is its plan (the planner is pure); ``HOLD``: no, nothing
+    is urgent and the last call is under ``every_s`` (``replan_s``) old; any
+    other answer is yes, and says why.
+
+    Urgent: a replica count the HPA stages changed since the last call
+    (``moving``: model -> a count other than its current one), a model added
+    to or removed from the configuration, a model whose live replicas fall
+    short of its target (a rise, a burst) with a higher target than the last
+    call saw or with room it did not see (``_room``), a replica that failed, a
+    different set of GPUs. What is not urgent -- a smaller profile, emptying a
+    GPU, actions the loop's gate held back while their GPU was busy, a count
+    the last call already acted on while its replicas start -- waits at most
+    ``every_s``. Worked number: at a 15 s tick on 12 models and 16 GPUs a call
+    costs ~10 ms, and a steady hour calls it about once a minute instead of
+    four times; at 8,000 GPUs a call costs ~0.3 s, and a warm-up whose pods
+    start over many ticks would otherwise call it every tick.
     """
     if memo is None:
-        return "plan"
-    if memo[0] == key:
-        return "same"
-    (_, cluster0, churn0, fast0, _spares0), _plan0, _, t0 = memo
+        return Replan.FIRST
+    if memo.key == key:
+        return Replan.SAME
+    _, cluster0, churn0, fast0, _spares0 = memo.key
     _, cluster, churn, fast, _spares = key
-    if now_s - t0 >= every_s or (churn, fast) != (churn0, fast0):
-        return "plan"
+    if now_s - memo.t_s >= every_s:
+        return Replan.PERIODIC
+    if (churn, fast) != (churn0, fast0):
+        return Replan.SETTINGS
     if tuple(g.id for g in cluster.gpus) != tuple(g.id for g in cluster0.gpus):
-        return "plan"
+        return Replan.GPUS
     if any(r.state not in _LIVE and r.state is not ReplicaState.DRAINING for r in cluster.replicas):
-        return "plan"
-    # Short of its target: urgent, unless the last call already saw this very
-    # cluster and no lower a target (a full fleet, actions the gate holds until a
-    # GPU frees): the planner would only say the same again.
-    if moving:
-        return "plan"  # the HPA stages changed a replica count: act on it now
-    targets0 = dict(memo[0][0])
+        return Replan.FAILED
+    roomier: bool | None = None  # the cluster's room differs from the last call's (computed once, if asked)
+
+    def room_changed() -> bool:
+        nonlocal roomier
+        if roomier is None:
+            roomier = cluster != cluster0 and _room(cluster) != memo.room
+        return roomier
+
+    # A count the HPA stages changed since the last call: act on it now; one it
+    # already acted on, again once the room changed (held actions may go now).
+    if moving and (any(memo.counts.get(name) != n for name, n in moving.items()) or room_changed()):
+        return Replan.MOVING
+    targets0 = dict(memo.key[0])
     if set(target_rps) != set(targets0):
-        return "plan"  # a model added or removed (a live config change): start or drain it now
-    for name, tgt in target_rps.items():
-        if tgt > caps.get(name, 0.0) * (1 + 1e-9) and (cluster != cluster0 or tgt > targets0.get(name, 0.0)):
-            return "plan"
-    return "hold"
+        return Replan.MODELS  # a live config change: start or drain it now
+    # Short of its target: urgent, unless the last call already saw this much room
+    # and no lower a target (a full fleet, actions the gate holds until a GPU
+    # frees, replicas still starting): the planner would only say the same again.
+    short = [name for name, tgt in target_rps.items() if tgt > caps.get(name, 0.0) * (1 + 1e-9)]
+    if any(target_rps[name] > targets0.get(name, 0.0) for name in short) or (short and room_changed()):
+        return Replan.SHORT
+    return Replan.HOLD
 
 
 def _merge_reasons(

@@ -8,10 +8,13 @@ import pytest
 
 from autoscaler.config import policy_config
 from autoscaler.fakes import RecordingActuator, single_gpu_cluster, stub_planner
+from autoscaler.mig import Placement
 from autoscaler.policy.decide import PolicyConfig, PolicyState, decide, observe_only
 from autoscaler.policy.hpa import DEFAULT_SCALE_UP, ScalingRules, SelectPolicy
 from autoscaler.policy.types import (
     ActionKind,
+    ClusterState,
+    GpuState,
     ModelSignals,
     ModelSpec,
     Observation,
@@ -390,7 +393,7 @@ def test_a_saturation_guess_scales_up_but_never_feeds_the_floor():
 
 
 def test_a_model_added_or_removed_calls_the_planner_at_once():
-    from autoscaler.policy.decide import _replan
+    from autoscaler.policy.decide import Replan, _Memo, _replan, _room
 
     cluster = single_gpu_cluster()
 
@@ -398,13 +401,46 @@ def test_a_model_added_or_removed_calls_the_planner_at_once():
         return (tuple(sorted(targets.items())), cluster, 4, False, ())
 
     before = {"resnet": 50.0, "rnn": 20.0}
-    memo = (key(before), None, None, 100.0)
+    memo = _Memo(key(before), None, None, 100.0, {}, _room(cluster))
     caps = {"resnet": 58.0, "rnn": 122.0}
     # 5 s after the last call, nothing urgent: the plan is held (replan_s 60)
-    assert _replan(memo, key({"resnet": 40.0, "rnn": 20.0}), {"resnet": 40.0, "rnn": 20.0}, caps, False, 105.0,
-                   60.0) == "hold"
+    assert _replan(memo, key({"resnet": 40.0, "rnn": 20.0}), {"resnet": 40.0, "rnn": 20.0}, caps, {}, 105.0,
+                   60.0) is Replan.HOLD
     # rnn removed from the configuration: its replicas must drain now, not within the minute
-    assert _replan(memo, key({"resnet": 50.0}), {"resnet": 50.0}, caps, False, 105.0, 60.0) == "plan"
+    assert _replan(memo, key({"resnet": 50.0}), {"resnet": 50.0}, caps, {}, 105.0, 60.0) is Replan.MODELS
     # bert added
     added = {**before, "bert": 10.0}
-    assert _replan(memo, key(added), added, caps, False, 105.0, 60.0) == "plan"
+    assert _replan(memo, key(added), added, caps, {}, 105.0, 60.0) is Replan.MODELS
+
+
+def test_a_count_or_a_shortfall_the_last_call_saw_waits_until_the_room_changes():
+    """The planner is called again for a new HPA count or a higher target at once;
+    for the same count or target only once the room changed (a cut, a gate, a
+    replica moved) -- a pod turning Ready opens none, and at 8,000 GPUs a call
+    costs ~0.3 s."""
+    from autoscaler.policy.decide import Replan, _Memo, _replan, _room
+
+    starting = Replica("resnet-0", "resnet", "1g.10gb", "node-a/0", 0, ReplicaState.STARTING)
+    gpu = GpuState("node-a/0", "node-a", "A100-SXM4-80GB", layout=(Placement(0, "1g.10gb"), Placement(1, "1g.10gb")))
+    c0 = ClusterState(gpus=(gpu,), replicas=(starting,))
+    ready = ClusterState(gpus=(gpu,), replicas=(dataclasses.replace(starting, state=ReplicaState.READY),))
+    busy = ClusterState(gpus=(dataclasses.replace(gpu, busy=True),), replicas=(starting,))
+
+    def key(targets: dict[str, float], cluster: ClusterState) -> tuple:
+        return (tuple(sorted(targets.items())), cluster, 4, True, ())
+
+    targets = {"resnet": 100.0}
+    caps = {"resnet": 58.0}  # short: one replica of a target that wants two
+    memo = _Memo(key(targets, c0), None, None, 100.0, {"resnet": 2}, _room(c0))
+    # same count, same target, the replica only turned Ready: held
+    assert _replan(memo, key(targets, ready), targets, caps, {"resnet": 2}, 105.0, 60.0) is Replan.HOLD
+    # a new count from the HPA stages: at once
+    assert _replan(memo, key(targets, ready), targets, caps, {"resnet": 3}, 105.0, 60.0) is Replan.MOVING
+    # the same count, but the GPU's gate changed: the held actions may go now
+    assert _replan(memo, key(targets, busy), targets, caps, {"resnet": 2}, 105.0, 60.0) is Replan.MOVING
+    # not moving, still short: a higher target at once, the same one when the room changed
+    assert _replan(memo, key({"resnet": 110.0}, ready), {"resnet": 110.0}, caps, {}, 105.0, 60.0) is Replan.SHORT
+    assert _replan(memo, key(targets, ready), targets, caps, {}, 105.0, 60.0) is Replan.HOLD
+    assert _replan(memo, key(targets, busy), targets, caps, {}, 105.0, 60.0) is Replan.SHORT
+    # and whatever happens, at most replan_s apart
+    assert _replan(memo, key(targets, ready), targets, caps, {"resnet": 2}, 160.0, 60.0) is Replan.PERIODIC

@@ -111,3 +111,51 @@ def test_decide_turns_the_fast_path_on_only_for_slow_repartitions():
         cfg = PolicyConfig(models=(SPEC,), slo_p99_ms={"m": 100.0}, repartition_s=reparts_s)
         decide(obs, PolicyState(), cfg, 0.0, planner=spy)
     assert seen == [True, True, False]
+
+
+def test_the_free_pool_lists_idle_gpus_lazily_and_still_answers_the_minimum_over_every_instance():
+    """``_FreePool`` lists an idle GPU only when a class's head could come from it:
+    its answers, take after take, equal ``min`` over a full list of the free instances."""
+    import random
+
+    from autoscaler.mig.products import get_product
+    from autoscaler.policy.planner.packing import GpuWork, overlaps
+    from autoscaler.policy.planner.urgent import _FreePool
+
+    a100 = get_product("A100-SXM4-80GB")
+    cuts = [tuple(Placement(i, "1g.10gb") for i in range(7)),
+            (Placement(0, "3g.40gb"), Placement(4, "3g.40gb")),
+            (Placement(0, "2g.20gb"), Placement(2, "2g.20gb"), Placement(4, "2g.20gb"), Placement(6, "1g.10gb")),
+            (Placement(0, "4g.40gb"), Placement(4, "2g.20gb"), Placement(6, "1g.10gb"))]
+    for seed in range(30):
+        rng = random.Random(seed)
+        gpus = []
+        for i in range(40):
+            cut = rng.choice(cuts)
+            g = GpuWork(f"g{i}", f"n{i // 4}", a100, rng.random() < 0.2, None, cut, i)
+            if rng.random() < 0.3:  # in use: one instance taken
+                p = rng.choice(cut)
+                g.place("x", p.profile, p.start, ())
+            gpus.append(g)
+        pool = _FreePool(list(gpus))
+        cap = {"1g.10gb": 10.0, "2g.20gb": 19.0, "3g.40gb": 26.0, "4g.40gb": 30.0}
+
+        def rank(gp, need):
+            g, p = gp
+            c, comp = cap[p.profile], g.product.profiles[p.profile].compute
+            covers = c >= need
+            return (not g.hard, not covers, comp if covers else -c / comp, -c, g.rdma, g.order, p.start)
+
+        for _ in range(25):
+            need = rng.choice([5.0, 15.0, 25.0, 60.0])
+            full = [(g, p) for g in gpus for p in sorted(g.soft)
+                    if not any(overlaps(a100, p, o) for o in g.occupied())]
+            got = pool.best(cap, lambda gp, need=need: rank(gp, need))
+            want = min(full, key=lambda gp, need=need: rank(gp, need), default=None)
+            assert got == want
+            assert pool.alive == len(full)
+            if got is None:
+                break
+            g, p = got
+            g.place("m", p.profile, p.start, ())
+            pool.take(g, p)

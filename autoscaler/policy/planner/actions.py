@@ -192,6 +192,9 @@ def finish(*, now_s: float, cluster: ClusterState, gpus: list[GpuWork], work: di
     # ---- shortfall, reasons, cost
     shortfall: dict[str, float] = {}
     target: dict[str, float] = {}
+    per_model: dict[str, int] = {}
+    for (m, _p), c in desired.items():
+        per_model[m] = per_model.get(m, 0) + c
     for name, spec in specs.items():
         d = demand_rps.get(name)
         if d is None:
@@ -203,7 +206,7 @@ def finish(*, now_s: float, cluster: ClusterState, gpus: list[GpuWork], work: di
         if gap > 1e-9:
             shortfall[name] = gap
         # A floor (min_replicas, 2 for HA) the cluster cannot hold is a shortfall too.
-        n = sum(c for (m, _p), c in desired.items() if m == name)
+        n = per_model.get(name, 0)
         floor = min(max(spec.min_replicas, 2 if spec.high_availability else 0), spec.max_replicas)
         if gap > 1e-9 or n < floor:
             reasons.setdefault(name, [])
@@ -381,18 +384,16 @@ def _final_layout(g: GpuWork) -> tuple[Placement, ...]:
     """Occupied instances, plus every current instance that still fits beside them."""
     if g.whole is not None:
         return ()
-    # plain (start, profile) pairs: they hash in C, a Placement through its dataclass __hash__
-    return _fill_layout(g.product, tuple(sorted((s, v[1]) for s, v in g.hard.items())),
-                        tuple((p.start, p.profile) for p in g.current))
+    occupied = tuple(sorted(Placement(s, v[1]) for s, v in g.hard.items())) if g.hard else ()
+    return _fill_layout(g.product, occupied, g.current)
 
 
 @lru_cache(maxsize=8192)
-def _fill_layout(product: Product, occupied: tuple[tuple[int, str], ...], current: tuple[tuple[int, str], ...]
+def _fill_layout(product: Product, occupied: tuple[Placement, ...], current: tuple[Placement, ...]
                  ) -> tuple[Placement, ...]:
     """``_final_layout``'s work, cached: a fleet repeats the same few GPU states tick after tick."""
-    layout = [Placement(s, prof) for s, prof in occupied]
-    for p in sorted((Placement(s, prof) for s, prof in current),
-                    key=lambda p: (-product.profiles[p.profile].compute, p.start)):
+    layout = list(occupied)
+    for p in sorted(current, key=lambda p: (-product.profiles[p.profile].compute, p.start)):
         if p in layout:
             continue
         if not check_layout(product, layout + [p]):

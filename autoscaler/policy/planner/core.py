@@ -332,15 +332,31 @@ def _attempt(cluster: ClusterState, models: Sequence[ModelSpec], demand_rps: Map
 def _gpu_work(cluster: ClusterState) -> tuple[list[GpuWork], dict[str, GpuWork]]:
     gpus: list[GpuWork] = []
     by_id: dict[str, GpuWork] = {}
+    for gid, node, product, rdma, fabric, current, order, busy in _gpu_rows(cluster):
+        w = GpuWork(gid, node, product, rdma, fabric, current, order)
+        w.frozen = busy
+        gpus.append(w)
+        by_id[gid] = w
+    return gpus, by_id
+
+
+_ROWS: tuple[ClusterState | None, list[tuple]] = (None, [])
+
+
+def _gpu_rows(cluster: ClusterState) -> list[tuple]:
+    """What ``GpuWork`` is built from, per GPU: read once per cluster (a plan builds it once per attempt)."""
+    global _ROWS
+    last = _ROWS  # one read: another thread may replace it meanwhile
+    if last[0] is cluster:
+        return last[1]
+    rows = []
     for i, g in enumerate(cluster.gpus):
         product = PRODUCTS.get(g.product)
         if product is None:
             continue  # unknown hardware is never planned onto
-        w = GpuWork(g.id, g.node, product, g.rdma, g.fabric, tuple(sorted(g.layout)) if g.mig_enabled else (), i)
-        w.frozen = g.busy
-        gpus.append(w)
-        by_id[g.id] = w
-    return gpus, by_id
+        rows.append((g.id, g.node, product, g.rdma, g.fabric, tuple(sorted(g.layout)) if g.mig_enabled else (), i, g.busy))
+    _ROWS = (cluster, rows)
+    return rows
 
 
 # ---------------------------------------------------------------- sizing with state

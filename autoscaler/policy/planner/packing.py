@@ -176,6 +176,8 @@ class GpuWork:
         return tuple(sorted(Placement(s, v[1]) for s, v in self.hard.items()))
 
     def occupied(self) -> tuple[Placement, ...]:
+        if not self.hard and not self.blocked:
+            return ()
         return tuple(sorted([Placement(s, v[1]) for s, v in self.hard.items()] + list(self.blocked.values())))
 
     def used_compute(self) -> int:

@@ -31,8 +31,14 @@ def free_profiles(cluster: ClusterState, by_id: dict[str, GpuWork]) -> frozenset
         if r.profile != WHOLE:
             taken.setdefault(r.gpu, []).append(Placement(r.start, r.profile))
     out: set[str] = set()
+    every = {name for g in {id(g.product): g for g in by_id.values()}.values() for name in g.product.profiles}
     for g in by_id.values():
         if g.frozen or g.rdma:
+            continue
+        if len(out) == len(every):
+            break  # every profile there is has an empty instance: no GPU can add one
+        if g.id not in taken:  # nothing running: every instance as cut is empty
+            out.update(p.profile for p in g.current if p.profile in g.product.profiles)
             continue
         for p in g.current:
             if p.profile in g.product.profiles and not any(

@@ -51,15 +51,7 @@ def place_urgent(work: dict[str, ModelWork], gpus: list[GpuWork]) -> None:
             have[n] = got
     if not have:
         return
-    free: list[tuple[GpuWork, Placement]] = []
-    for g in gpus:
-        if g.whole is not None or g.frozen or not g.soft:
-            continue
-        occ = g.occupied()
-        free += [(g, p) for p in sorted(g.soft) if not any(overlaps(g.product, p, o) for o in occ)]
-    if not free:
-        return
-    pool = _FreePool(free)
+    pool = _FreePool([g for g in gpus if g.whole is None and not g.frozen and g.soft])
     count = {n: len(work[n].keep) for n in have}
     picked = dict.fromkeys(have, 0)
     for level in sorted({work[n].spec.priority for n in have}, reverse=True):
@@ -96,57 +88,106 @@ def place_urgent(work: dict[str, ModelWork], gpus: list[GpuWork]) -> None:
 class _FreePool:
     """The free instances of ``place_urgent``, for the best one by a model's rank in O(classes x log n).
 
-    Why: a scale-up at 8,000 GPUs has ~20,000 free instances and places
-    hundreds of replicas; scanning them all per replica was the whole tick
-    (minutes). Within one (product, profile) class the rank's capacity and
-    compute terms are equal, so its order is (not g.hard, g.rdma, g.order,
-    p.start) -- the same for every model and need. Each class keeps a heap in
-    that order; the best instance is the best of the classes' heads by the
-    full rank, ties to the earlier instance in the original list, exactly as
-    ``min`` over the list. Taking an instance kills the overlapping ones on its
-    GPU and re-keys the GPU's others (its ``hard`` changed); stale heap
-    entries are skipped when they surface.
+    Why: a scale-up at 8,000 GPUs has ~30,000 free instances and places a few
+    to hundreds of replicas; scanning them all per replica was the whole tick
+    (minutes), and even listing them all once per call was most of a re-plan.
+    Within one (product, profile) class the rank's capacity and compute terms
+    are equal, so its order is (not g.hard, g.rdma, g.order, p.start) -- the
+    same for every model and need. Each class keeps a heap in that order; the
+    best instance is the best of the classes' heads by the full rank, ties to
+    the earlier instance in GPU order, exactly as ``min`` over a list of them
+    all. GPUs in use are listed at once; an idle GPU (nothing occupied: every
+    instance as cut is free) is listed only when some class's head would come
+    from it: idle GPUs wait in (rdma, order) order, which is their heap order,
+    so the first one of a class holding that profile bounds what is unlisted.
+    Taking an instance kills the overlapping ones on its GPU and re-keys the
+    GPU's others (its ``hard`` changed); stale heap entries are skipped when
+    they surface.
     """
 
-    def __init__(self, free: list[tuple[GpuWork, Placement]]) -> None:
-        self.free = free
-        self.dead = [False] * len(free)
-        self.alive = len(free)
+    def __init__(self, gpus: list[GpuWork]) -> None:
+        self.free: dict[tuple[int, int], tuple[GpuWork, Placement]] = {}  # (gpu order, k) -> instance
+        self.dead: set[tuple[int, int]] = set()
         self.version: dict[int, int] = {}
-        self.on_gpu: dict[int, list[int]] = {}
+        self.on_gpu: dict[int, list[tuple[int, int]]] = {}
         self.heaps: dict[tuple[int, str], list[tuple]] = {}
-        for i, (g, _p) in enumerate(free):
-            self.on_gpu.setdefault(id(g), []).append(i)
-        for i in range(len(free)):
-            self._push(i)
+        idle = sorted((g for g in gpus if not g.hard and not g.blocked), key=lambda g: (g.rdma, g.order))
+        # per class, the idle GPUs holding an instance of it, in heap order; and how far each was listed
+        self.idle: dict[tuple[int, str], list[GpuWork]] = {}
+        for g in idle:
+            for prof in {p.profile for p in g.soft}:
+                self.idle.setdefault((id(g.product), prof), []).append(g)
+        self.cursor: dict[tuple[int, str], int] = {}
+        self.listed: set[int] = set()  # idle GPUs whose instances are in the heaps
+        self.alive = sum(len(g.soft) for g in idle)  # an idle GPU's instances are all free
+        for g in gpus:
+            if g.hard or g.blocked:
+                occ = g.occupied()
+                self._list(g, [p for p in sorted(g.soft) if not any(overlaps(g.product, p, o) for o in occ)])
+        for heap in self.heaps.values():
+            heapq.heapify(heap)  # O(n), the same heap order as n pushes
+        for cls in self.idle:
+            self.heaps.setdefault(cls, [])
 
-    def _push(self, i: int) -> None:
-        g, p = self.free[i]
-        heap = self.heaps.setdefault((id(g.product), p.profile), [])
-        heapq.heappush(heap, (not g.hard, g.rdma, g.order, p.start, i, self.version.get(id(g), 0)))
+    def _list(self, g: GpuWork, free: list[Placement], *, push: bool = False) -> None:
+        """Put a GPU's free instances in the heaps (``push``: an idle GPU, counted in ``alive`` already)."""
+        keys = self.on_gpu.setdefault(id(g), [])
+        for k, p in enumerate(free):
+            key = (g.order, k)
+            self.free[key] = (g, p)
+            keys.append(key)
+            if push:
+                self._push(key)
+            else:
+                self.heaps.setdefault((id(g.product), p.profile), []).append(self._entry(key))
+                self.alive += 1
+
+    def _entry(self, key: tuple[int, int]) -> tuple:
+        g, p = self.free[key]
+        return (not g.hard, g.rdma, g.order, p.start, key, self.version.get(id(g), 0))
+
+    def _push(self, key: tuple[int, int]) -> None:
+        g, p = self.free[key]
+        heapq.heappush(self.heaps.setdefault((id(g.product), p.profile), []), self._entry(key))
+
+    def _head(self, cls: tuple[int, str]) -> tuple | None:
+        """The class's best live entry, listing idle GPUs until none unlisted could beat it."""
+        heap = self.heaps[cls]
+        while True:
+            while heap and (heap[0][4] in self.dead or heap[0][5] != self.version.get(id(self.free[heap[0][4]][0]), 0)):
+                heapq.heappop(heap)
+            waiting, i = self.idle.get(cls, []), self.cursor.get(cls, 0)
+            while i < len(waiting) and id(waiting[i]) in self.listed:
+                i += 1
+            self.cursor[cls] = i
+            if i == len(waiting):
+                return heap[0] if heap else None
+            g = waiting[i]
+            if heap and heap[0][:3] < (True, g.rdma, g.order):
+                return heap[0]
+            self.listed.add(id(g))
+            self._list(g, sorted(g.soft), push=True)
 
     def best(self, cap: Mapping[str, float], rank: Callable[[tuple[GpuWork, Placement]], tuple]
              ) -> tuple[GpuWork, Placement] | None:
         top: tuple | None = None
-        for (_prod, profile), heap in self.heaps.items():
-            if profile not in cap:
+        for cls in self.heaps:
+            if cls[1] not in cap:
                 continue
-            while heap and (self.dead[heap[0][4]] or heap[0][5] != self.version.get(id(self.free[heap[0][4]][0]), 0)):
-                heapq.heappop(heap)
-            if heap:
-                i = heap[0][4]
-                key = (*rank(self.free[i]), i)
+            head = self._head(cls)
+            if head is not None:
+                key = (*rank(self.free[head[4]]), head[4])
                 if top is None or key < top:
                     top = key
         return None if top is None else self.free[top[-1]]
 
     def take(self, g: GpuWork, p: Placement) -> None:
         self.version[id(g)] = self.version.get(id(g), 0) + 1
-        for i in self.on_gpu[id(g)]:
-            if self.dead[i]:
+        for key in self.on_gpu[id(g)]:
+            if key in self.dead:
                 continue
-            if overlaps(g.product, p, self.free[i][1]):
-                self.dead[i] = True
+            if overlaps(g.product, p, self.free[key][1]):
+                self.dead.add(key)
                 self.alive -= 1
             else:
-                self._push(i)
+                self._push(key)
