@@ -468,7 +468,9 @@ class PolicyConfig(_Strict):
     short_window_s: float = Field(default=10, gt=0, le=3600)
     long_window_s: float = Field(default=60, gt=0, le=86_400)
     panic_threshold: float = Field(default=2.0, ge=1, le=100)
-    churn_budget: int = Field(default=4, ge=1, le=1000, description="max create+delete actions per tick")
+    churn_budget: int = Field(default=4, ge=1, le=1000,
+                              description="max create+delete actions per tick that stop or move a running replica "
+                                          "(a scale-up that deletes nothing is not counted)")
     scale_up: ScalingBehavior = Field(default_factory=_hpa_up)
     scale_down: ScalingBehavior = Field(default_factory=_hpa_down)
 

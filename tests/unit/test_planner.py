@@ -345,22 +345,37 @@ def test_removed_model_is_drained_and_deleted():
 
 
 def test_churn_budget_caps_and_the_next_call_continues():
-    cl = ClusterState(gpus=gpus(3))
+    # 15 x 1g of "a" across 3 GPUs (900 req/s) and demand down to 120: 13 replicas
+    # go, far more than 2 deletes a call.
+    g = gpus(3, layout=tuple(Placement(i, "1g.10gb") for i in range(7)))
+    reps = tuple(Replica(f"a-{k}", "a", "1g.10gb", g[k % 3].id, k // 3, ReplicaState.READY) for k in range(15))
+    cl = ClusterState(gpus=g, replicas=reps)
     m = spec("a", LINEAR, max_replicas=16)
-    first = plan([m], {"a": 900}, cl, churn_budget=2)
-    # 900 req/s at 60 per slice wants 15 slices: far more than 2 actions.
+    first = plan([m], {"a": 120}, cl, churn_budget=2)
     assert churn(first) == 2 and Reason.CHURN_BUDGET in first.reasons["a"]
     ticks = 0
     p = first
     while p.actions:
         assert churn(p) <= 2
         cl = apply_plan_to_cluster(cl, p)
-        p = plan([m], {"a": 900}, cl, churn_budget=2)
+        p = plan([m], {"a": 120}, cl, churn_budget=2)
         ticks += 1
         assert ticks < 20
     assert ticks > 1
     assert Reason.CHURN_BUDGET not in p.reasons["a"]
-    assert p.capacity_rps["a"] >= 900 and not p.shortfall
+    assert 120 <= p.capacity_rps["a"] < 900
+
+
+def test_a_scale_up_that_deletes_nothing_is_not_held_by_the_churn_budget():
+    # 900 req/s at 60 per slice on three empty GPUs: every create is new capacity that
+    # stops nothing, so a budget of 2 does not spread it over several calls.
+    cl = ClusterState(gpus=gpus(3))
+    m = spec("a", LINEAR, max_replicas=16)
+    p = plan([m], {"a": 900}, cl, churn_budget=2)
+    assert churn(p) > 2 and Reason.CHURN_BUDGET not in p.reasons["a"]
+    after = apply_plan_to_cluster(cl, p)
+    assert sum(m.capacity[r.profile] for r in after.replicas) >= 900
+    assert_actions_are_safe(cl, p, [m])
 
 
 # ---------------------------------------------------------------- shortfall priority

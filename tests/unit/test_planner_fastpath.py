@@ -6,7 +6,15 @@ from __future__ import annotations
 
 from autoscaler.mig import Placement
 from autoscaler.policy.planner import plan
-from autoscaler.policy.types import ActionKind, ClusterState, GpuState, ModelSpec, Replica, ReplicaState
+from autoscaler.policy.types import (
+    ActionKind,
+    ClusterState,
+    GpuState,
+    ModelSpec,
+    Reason,
+    Replica,
+    ReplicaState,
+)
 
 PRODUCT = "A100-SXM4-80GB"
 # 1g is the most efficient profile: the fewest-slices mix for more capacity is
@@ -51,13 +59,15 @@ def test_a_gpu_with_a_fast_path_replica_keeps_its_layout_the_rest_goes_elsewhere
     assert p.capacity_rps["m"] >= 1300.0
 
 
-def test_under_a_churn_budget_the_create_that_needs_no_repartition_goes_first():
-    # g1 uncut, g2 cut with one free 4g: with room for one create this tick, the
-    # one that serves in a start delay (g2) is taken, not the one behind a repartition.
+def test_a_churn_budget_does_not_spread_a_scale_up_that_stops_nothing():
+    # g1 uncut, g2 cut with one free 4g: the create on the free 4g (ready in a start
+    # delay) and those behind g1's cut (which destroys no serving instance) all go in
+    # one call, even with room for one churn action: none of them stops what runs.
     cl = ClusterState((gpu("g0", Placement(0, "7g.80gb")), gpu("g1"), gpu("g2", Placement(0, "4g.40gb"))), (RUNNING,))
     p = plan([SPEC], {"m": 1300.0}, cl, churn_budget=1)
-    assert creates(p) == [("g2", "4g.40gb", 0)]
-    assert not reparts(p)
+    assert ("g2", "4g.40gb", 0) in creates(p)
+    assert reparts(p) == {"g1"}
+    assert p.capacity_rps["m"] >= 1300.0 and Reason.CHURN_BUDGET not in p.reasons["m"]
 
 
 def test_first_deployment_is_not_a_fast_path_it_packs_by_fewest_slices():

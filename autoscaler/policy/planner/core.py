@@ -11,8 +11,9 @@ Objective, in order: (1) meet every model's demand, >= 2 replicas on distinct
 GPUs for high availability; (2) fewest GPUs (a freed whole GPU can be returned
 or given to the multinode backend); (3) fewest slices; (4) least disruption:
 running replicas stay where they are, and at most ``churn_budget`` CREATE +
-DELETE actions per call (the rest is deferred with ``Reason.CHURN_BUDGET``
-and the next call continues).
+DELETE actions per call that stop or move something that runs (a scale-up
+that deletes nothing is not counted; the rest is deferred with
+``Reason.CHURN_BUDGET`` and the next call continues).
 
 How (a fast heuristic; ``milp.py`` holds the exact reference):
 1. sizing (``planner.sizing``): keep the running replicas that still earn
