@@ -165,7 +165,6 @@ class ControlLoop:
             replicas=dict(replicas),
             source_ok=source_ok,
             notes=tuple(notes),
-            in_flight=busy[1],
         )
         self.last_observation = obs
         prev = self.state
@@ -281,6 +280,8 @@ def decision_record(result: TickResult, state: PolicyState) -> dict[str, Any]:
         "t_s": result.t_s,
         "ok": result.ok,
         "held": list(result.held),
+        # whether this tick called the planner, and why (decide.Replan; same/hold: it did not)
+        "replan": state.replan.value if state.replan is not None else None,
         "source_ok": result.source_ok,
         "errors": list(result.errors),
         "late_errors": list(result.late_errors),

@@ -87,6 +87,21 @@ def cluster_process(conn, nodes: int, caps: dict, load: dict, factor) -> None:
     c.stop()
 
 
+def _ready(pod: dict) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _why_not_ready(pod: dict) -> str:
+    """Phase, the PodScheduled condition's reason and whether a scheduling gate is left: why a pod waits."""
+    st, spec = pod.get("status") or {}, pod.get("spec") or {}
+    sched = next((c for c in st.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
+    gated = "gated" if spec.get("schedulingGates") else "ungated"
+    return (f"{st.get('phase', '?')} {sched.get('reason', '') or sched.get('status', '')} {gated}"
+            f"{' terminating' if pod['metadata'].get('deletionTimestamp') else ''}"
+            f"{' on ' + 'node' if spec.get('nodeName') else ''}")
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
@@ -214,7 +229,8 @@ def main() -> None:
     rss1 = me.memory_info().rss
     left = {"chains_waiting": dict(Counter(c.why[:100] for c in be.rollout.chains)),
             "repartitions": dict(Counter(st["phase"] for st in be.repartitioner.in_progress().values())),
-            "repartition_log_tail": list(be.repartitioner.log)[-15:]}
+            "repartition_log_tail": list(be.repartitioner.log)[-15:],
+            "pods_not_ready": dict(Counter(_why_not_ready(p) for p in be.caches.pods.items() if not _ready(p)))}
     pods = be.snapshot().replicas
     base = []
     for _ in range(5):  # the polling the informers replace: every Node and Pod, each tick

@@ -669,8 +669,7 @@ def decide(
     key = (tuple(sorted(target_rps.items())), observation.cluster, config.churn_budget, fast_path,
            tuple(sorted(spares.items())))
     memo = state.planner_memo if state.planner_memo is not None and state.planner_memo.planner is planner else None
-    why = _replan(memo, key, target_rps, caps, {n: counts[n] for n in moving}, now_s, config.replan_s,
-                  observation.in_flight)
+    why = _replan(memo, key, target_rps, caps, {n: counts[n] for n in moving}, now_s, config.replan_s)
     spare_state = state.spares
     if why is Replan.SAME:
         plan = dataclasses.replace(memo.plan, t_s=now_s)
@@ -681,7 +680,7 @@ def decide(
             config.models, target_rps, observation.cluster, churn_budget=config.churn_budget, now_s=now_s,
             fast_path=fast_path, **({"spares": spares} if spares else {}),
         )
-        memo = _Memo(key, plan, planner, now_s, counts, _room(observation.cluster), observation.in_flight)
+        memo = _Memo(key, plan, planner, now_s, counts, _room(observation.cluster))
         spare_state = sp.record(spare_state, now_s, sp.cold_creates(plan.actions), config.spares)
     plan = dataclasses.replace(plan, reasons=_merge_reasons(reasons, plan.reasons), target_rps=target_rps)
     new_state = PolicyState(
@@ -713,7 +712,6 @@ class _Memo(NamedTuple):
     t_s: float
     counts: Mapping[str, int]  # the HPA stages' replica count per model then
     room: tuple  # ``_room`` of the cluster then
-    in_flight: frozenset[str] = frozenset()  # models whose actions the loop held then
 
 
 def _room(cluster: ClusterState) -> tuple:
@@ -724,8 +722,7 @@ def _room(cluster: ClusterState) -> tuple:
 
 
 def _replan(memo: _Memo | None, key: tuple, target_rps: Mapping[str, float], caps: Mapping[str, float],
-            moving: Mapping[str, int], now_s: float, every_s: float,
-            in_flight: frozenset[str] = frozenset()) -> Replan:
+            moving: Mapping[str, int], now_s: float, every_s: float) -> Replan:
     """Does this tick call the planner? ``SAME``: no, its inputs are exactly those
     of the last call, so is its plan (the planner is pure); ``HOLD``: no, nothing
     is urgent and the last call is under ``every_s`` (``replan_s``) old; any
@@ -735,17 +732,14 @@ def _replan(memo: _Memo | None, key: tuple, target_rps: Mapping[str, float], cap
     (``moving``: model -> a count other than its current one), a model added
     to or removed from the configuration, a model whose live replicas fall
     short of its target (a rise, a burst) with a higher target than the last
-    call saw, a replica that failed, a different set of GPUs. A count or a
-    shortfall the last call already saw is urgent again only where acting on
-    it may now go through: the model's work in flight has landed since
-    (``in_flight``: the loop holds a model's new actions meanwhile), or, for a
-    model not in flight, the cluster's room changed (``_room``: a cut, a gate,
-    a replica placed or gone -- a pod turning Ready opens none). What is not
-    urgent -- a smaller profile, emptying a GPU -- waits at most ``every_s``.
-    Worked number: at a 15 s tick on 12 models and 16 GPUs a call costs
-    ~10 ms, and a steady hour calls it about once a minute instead of four
-    times; at 8,000 GPUs a call costs ~0.5 s, and while hundreds of pods start
-    the room changes on most ticks for models whose actions are held anyway.
+    call saw or with room it did not see (``_room``), a replica that failed, a
+    different set of GPUs. What is not urgent -- a smaller profile, emptying a
+    GPU, actions the loop's gate held back while their GPU was busy, a count
+    the last call already acted on while its replicas start -- waits at most
+    ``every_s``. Worked number: at a 15 s tick on 12 models and 16 GPUs a call
+    costs ~10 ms, and a steady hour calls it about once a minute instead of
+    four times; at 8,000 GPUs a call costs ~0.3 s, and a warm-up whose pods
+    start over many ticks would otherwise call it every tick.
     """
     if memo is None:
         return Replan.FIRST
@@ -763,28 +757,24 @@ def _replan(memo: _Memo | None, key: tuple, target_rps: Mapping[str, float], cap
         return Replan.FAILED
     roomier: bool | None = None  # the cluster's room differs from the last call's (computed once, if asked)
 
-    def actionable(name: str) -> bool:
-        """Could acting on what the last call already saw of this model go through now?"""
+    def room_changed() -> bool:
         nonlocal roomier
-        if name in in_flight:
-            return False  # its actions are held until its work lands
-        if name in memo.in_flight:
-            return True  # it landed since: what was held may go now
         if roomier is None:
             roomier = cluster != cluster0 and _room(cluster) != memo.room
         return roomier
 
-    if any(memo.counts.get(name) != n for name, n in moving.items()):
-        return Replan.MOVING  # the HPA stages changed a replica count: act on it now
-    if any(actionable(name) for name in moving):
+    # A count the HPA stages changed since the last call: act on it now; one it
+    # already acted on, again once the room changed (held actions may go now).
+    if moving and (any(memo.counts.get(name) != n for name, n in moving.items()) or room_changed()):
         return Replan.MOVING
     targets0 = dict(memo.key[0])
     if set(target_rps) != set(targets0):
         return Replan.MODELS  # a live config change: start or drain it now
-    # Short of its target: urgent, unless the last call already saw it and its
-    # actions cannot go now: the planner would only say the same again.
+    # Short of its target: urgent, unless the last call already saw this much room
+    # and no lower a target (a full fleet, actions the gate holds until a GPU
+    # frees, replicas still starting): the planner would only say the same again.
     short = [name for name, tgt in target_rps.items() if tgt > caps.get(name, 0.0) * (1 + 1e-9)]
-    if any(target_rps[name] > targets0.get(name, 0.0) for name in short) or any(actionable(n) for n in short):
+    if any(target_rps[name] > targets0.get(name, 0.0) for name in short) or (short and room_changed()):
         return Replan.SHORT
     return Replan.HOLD
 

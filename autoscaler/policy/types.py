@@ -167,9 +167,6 @@ class Observation:
     replicas: Mapping[str, ReplicaSignals] = field(default_factory=dict)
     source_ok: bool = True  # False when the metrics source could not be read at all
     notes: tuple[str, ...] = ()  # e.g. invalid values dropped, with their reasons
-    # Models with work in flight (the actuator's ``in_flight()``): the loop holds
-    # their new actions, so a re-plan for them alone can wait until they land.
-    in_flight: frozenset[str] = frozenset()
 
 
 # ---------------------------------------------------------------- planner input

@@ -185,3 +185,40 @@ def test_without_a_budget_one_pass_takes_every_step(cluster, backends):
     assert be.apply([act("create", m.name) for m in models]) == []
     assert all(cluster.fake.get("Deployment", f"{m.name}-1g-10gb") is not None for m in models)
     assert be.rollout.deferred == 0 and not be.rollout.chains
+
+
+def test_a_pod_pinned_to_a_node_that_filled_up_meanwhile_is_recreated_and_placed_elsewhere(cluster, backends):
+    """Once ungated, a pod's node affinity is frozen: if its instance went to another pod
+    (here one migscale does not own, so its cache does not count it), the scheduler keeps
+    it Unschedulable for good. After UNPIN_AFTER_S it is deleted and its ReplicaSet's
+    replacement is placed afresh."""
+    from k8s_helpers import pod
+
+    from autoscaler.act.kubernetes.workloads import UNPIN_AFTER_S
+
+    fake = cluster.fake
+    cluster.add_nodes(2, {"1g.10gb": 1})
+    fake.put_object(pod("squatter", "node-0", model=None, profile="1g.10gb", owned=False), manager="kubelet")
+    clock = VirtualClock(1_000.0)
+    be = backends([MODEL], clock=clock)
+    caught_up(be, fake)
+    be.apply([act("create", "resnet", gpu="node-0/0")])
+
+    def ours() -> list[dict]:
+        return [p for p in fake.list("Pod") if p["metadata"]["name"] != "squatter"]
+
+    def unschedulable() -> bool:
+        return any(c.get("reason") == "Unschedulable" for p in ours() for c in p["status"].get("conditions") or [])
+
+    wait_until(unschedulable, 10, "the pinned pod Unschedulable")
+    first = ours()[0]["metadata"]["name"]
+    be.advance()  # seen stuck now: not yet replaced
+    clock.advance(UNPIN_AFTER_S - 1)
+    be.advance()
+    assert [p["metadata"]["name"] for p in ours()] == [first]
+    clock.advance(2)
+    be.advance()
+    wait_until(lambda: capacity(be) == 58, 10, "the replacement Ready")
+    (new,) = ours()
+    assert new["metadata"]["name"] != first and new["spec"]["nodeName"] == "node-1"
+    assert any(e["reason"] == "Replaced" for e in fake.list("Event"))

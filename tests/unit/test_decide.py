@@ -444,15 +444,3 @@ def test_a_count_or_a_shortfall_the_last_call_saw_waits_until_the_room_changes()
     assert _replan(memo, key(targets, busy), targets, caps, {}, 105.0, 60.0) is Replan.SHORT
     # and whatever happens, at most replan_s apart
     assert _replan(memo, key(targets, ready), targets, caps, {"resnet": 2}, 160.0, 60.0) is Replan.PERIODIC
-    # work in flight: the loop holds the model's actions, so a changed room alone waits ...
-    flying = frozenset({"resnet"})
-    assert _replan(memo, key(targets, busy), targets, caps, {"resnet": 2}, 105.0, 60.0, flying) is Replan.HOLD
-    assert _replan(memo, key(targets, busy), targets, caps, {}, 105.0, 60.0, flying) is Replan.HOLD
-    # ... a new count or a higher target does not ...
-    assert _replan(memo, key(targets, busy), targets, caps, {"resnet": 3}, 105.0, 60.0, flying) is Replan.MOVING
-    assert _replan(memo, key({"resnet": 110.0}, busy), {"resnet": 110.0}, caps, {}, 105.0, 60.0,
-                   flying) is Replan.SHORT
-    # ... and once the flight has landed, what was held goes at once, even with the room unchanged
-    landed = memo._replace(in_flight=flying)
-    assert _replan(landed, key(targets, ready), targets, caps, {"resnet": 2}, 105.0, 60.0) is Replan.MOVING
-    assert _replan(landed, key(targets, ready), targets, caps, {}, 105.0, 60.0) is Replan.SHORT

@@ -162,6 +162,7 @@ def test_decision_log_lines(tmp_path):
     assert first["models"]["a"]["observed_rps"] == 400
     assert first["models"]["a"]["stages"][0]["name"] == "required_rps"
     assert any(x["kind"] == "create" and x["model"] == "a" for x in first["actions"])
+    assert first["replan"] == "first"  # the first tick calls the planner, and says why
     assert lines[1]["source_ok"] is False
     assert any("metrics source failed" in n for n in lines[1]["notes"])
 

@@ -162,6 +162,7 @@ class KubernetesBackend:
             return []
         self.recorder.new_tick()
         errors = self.workloads.ungate()
+        errors += self.workloads.unpin()
         errors += self.repartitioner.advance()
         errors += self.rollout.advance()
         errors += self.workloads.sweep(self.rollout.workload_names())

@@ -27,7 +27,11 @@ Place in the loop: under the backend's rollout (``rollout.py``), which decides
   affinity -- and lifts the gate. A pod nobody placed (the ReplicaSet
   replacing an evicted or crashed one), or whose node has no free instance of
   its profile by now, is let go as it is, and the scheduler chooses. Without this the planner's packing and the scheduler's choice
-  would pull against each other tick after tick.
+  would pull against each other tick after tick;
+- ``unpin`` recreates a pod pinned that way whose node filled up before the
+  scheduler bound it (its affinity is frozen once ungated, so it would stay
+  Unschedulable for good): after ``UNPIN_AFTER_S`` it is deleted and the
+  ReplicaSet's replacement is placed afresh.
 
 Reads come from informers (``Caches``), so a steady tick sends nothing. A
 scale written a moment ago may not be in the cache yet; ``size`` uses the
@@ -73,6 +77,13 @@ LWS = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 LOWEST_COST = "-2147483648"  # int32 minimum: removed before any pod without the annotation
 WRITE_FRESH_S = 10.0
+# A pod pinned to a node that has stayed Unschedulable this long is recreated: its
+# required node affinity can no longer change (it was ungated), and the instance it
+# was pinned to went to another pod meanwhile (a ReplicaSet replacement the
+# scheduler placed, or a re-cut). 30 s covers a pod on that node still terminating
+# within the default grace period, whose instance frees by itself.
+UNPIN_AFTER_S = 30.0
+UNPIN_PER_PASS = 20  # deletes per pass: a burst of them is a burst of ReplicaSet creates
 PLACEMENT_TTL_S = 60.0  # a placement no pod claimed within a minute is stale (the ReplicaSet acts in seconds)
 
 
@@ -143,6 +154,7 @@ class Workloads:
     _ungated: dict[str, float] = field(default_factory=dict)  # pod -> when its gate was lifted (cache lag)
     _gate_lock: threading.Lock = field(default_factory=threading.Lock)  # the tick and the pod watch both ungate
     _pinned: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # pod -> (node, profile, when)
+    _stuck: dict[str, float] = field(default_factory=dict)  # pinned pod -> first seen Unschedulable
 
     # ------------------------------------------------------------ reading
 
@@ -333,6 +345,47 @@ class Workloads:
                     errors.append(f"ungate pod {name}: {exc}")
         return errors
 
+    def unpin(self) -> list[str]:
+        """Recreate pods pinned to a node that cannot take them any more.
+
+        ``ungate`` pins a new pod to the planner's node through its required node
+        affinity, which the API server freezes once the gate is lifted. If that
+        node's instance is taken meanwhile, the kube-scheduler keeps the pod
+        Pending (Unschedulable) for good. After ``UNPIN_AFTER_S`` such a pod is
+        deleted; its ReplicaSet creates a gated replacement that is placed afresh
+        (or let go to the scheduler). A Pending pod serves nothing, so this
+        disrupts nothing; pods pinned by someone else are left alone.
+        """
+        now = self.clock.now()
+        stuck: dict[str, float] = {}
+        todo: list[Obj] = []
+        for p in self.caches.pods.items():
+            spec, st = p.get("spec") or {}, p.get("status") or {}
+            if spec.get("nodeName") or p["metadata"].get("deletionTimestamp") or not owned(p) or not _pinned_by_us(p):
+                continue
+            if not any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+                       for c in st.get("conditions") or []):
+                continue
+            name = p["metadata"]["name"]
+            stuck[name] = since = self._stuck.get(name, now)
+            if now - since >= UNPIN_AFTER_S and len(todo) < UNPIN_PER_PASS:
+                todo.append(p)
+        self._stuck = stuck
+        errors: list[str] = []
+        for p in todo:
+            meta = p["metadata"]
+            try:
+                self.rest.delete("v1", "Pod", meta.get("namespace", self.cfg.namespace), meta["name"],
+                                 resource_version=meta.get("resourceVersion"))
+                self._stuck.pop(meta["name"], None)
+                self.event(p, "Normal", "Replaced",
+                           f"pinned to a node with no free instance for {UNPIN_AFTER_S:.0f}s; "
+                           "its ReplicaSet places a new pod")
+            except KubeError as exc:
+                if exc.status not in (404, 409):  # gone, or changed since we read it: look again next pass
+                    errors.append(f"replace unschedulable pod {meta['name']}: {exc}")
+        return errors
+
     def _ungate(self, candidates: list[Obj]) -> list[tuple[str, str, Obj]]:
         """The patches that lift the gate of new pods, recorded as done (undone by ``ungate`` on failure)."""
         todo: list[tuple[str, str, Obj]] = []  # (namespace, pod, patch)
@@ -428,6 +481,14 @@ class Workloads:
             except KubeError as exc:
                 errors.append(f"{obj['metadata']['name']}: {exc}")
         return errors
+
+
+def _pinned_by_us(pod: Obj) -> bool:
+    """Does the pod's required node affinity carry the hostname term ``with_hostname`` adds?"""
+    req = ((((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {})
+           .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    return any(e.get("key") == HOSTNAME_LABEL and e.get("operator") == "In"
+               for t in req.get("nodeSelectorTerms") or [] for e in t.get("matchExpressions") or [])
 
 
 def with_hostname(affinity: Obj, node: str) -> Obj:
