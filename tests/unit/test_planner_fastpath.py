@@ -127,6 +127,7 @@ def test_the_free_pool_lists_idle_gpus_lazily_and_still_answers_the_minimum_over
             (Placement(0, "3g.40gb"), Placement(4, "3g.40gb")),
             (Placement(0, "2g.20gb"), Placement(2, "2g.20gb"), Placement(4, "2g.20gb"), Placement(6, "1g.10gb")),
             (Placement(0, "4g.40gb"), Placement(4, "2g.20gb"), Placement(6, "1g.10gb"))]
+    cap = {"1g.10gb": 10.0, "2g.20gb": 19.0, "3g.40gb": 26.0, "4g.40gb": 30.0}
     for seed in range(30):
         rng = random.Random(seed)
         gpus = []
@@ -138,9 +139,8 @@ def test_the_free_pool_lists_idle_gpus_lazily_and_still_answers_the_minimum_over
                 g.place("x", p.profile, p.start, ())
             gpus.append(g)
         pool = _FreePool(list(gpus))
-        cap = {"1g.10gb": 10.0, "2g.20gb": 19.0, "3g.40gb": 26.0, "4g.40gb": 30.0}
 
-        def rank(gp, need):
+        def rank(gp, need, cap=cap):
             g, p = gp
             c, comp = cap[p.profile], g.product.profiles[p.profile].compute
             covers = c >= need
