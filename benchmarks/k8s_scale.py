@@ -87,11 +87,6 @@ def cluster_process(conn, nodes: int, caps: dict, load: dict, factor) -> None:
     c.stop()
 
 
-def _ready(pod: dict) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
-
-
 def _why_not_ready(pod: dict) -> str:
     """Phase, the PodScheduled condition's reason and whether a scheduling gate is left: why a pod waits."""
     st, spec = pod.get("status") or {}, pod.get("spec") or {}
@@ -133,6 +128,7 @@ def main() -> None:
     (tmp / "cluster.yaml").write_text(CLUSTER)
 
     from autoscaler.act.kubernetes.config import LeaseTimings, build_backend
+    from autoscaler.act.kubernetes.inventory import is_ready
     from autoscaler.config import load_cluster, load_models, model_specs
     from autoscaler.observe.prometheus import PrometheusSource
     from autoscaler.observe.queries import Queries
@@ -230,7 +226,7 @@ def main() -> None:
     left = {"chains_waiting": dict(Counter(c.why[:100] for c in be.rollout.chains)),
             "repartitions": dict(Counter(st["phase"] for st in be.repartitioner.in_progress().values())),
             "repartition_log_tail": list(be.repartitioner.log)[-15:],
-            "pods_not_ready": dict(Counter(_why_not_ready(p) for p in be.caches.pods.items() if not _ready(p)))}
+            "pods_not_ready": dict(Counter(_why_not_ready(p) for p in be.caches.pods.items() if not is_ready(p)))}
     pods = be.snapshot().replicas
     base = []
     for _ in range(5):  # the polling the informers replace: every Node and Pod, each tick

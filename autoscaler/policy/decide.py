@@ -60,10 +60,6 @@ class Replan(str, Enum):
     MODELS = "models"  # yes: a model added to or removed from the configuration
     SHORT = "short"  # yes: a model short of a target (or on a cluster) the last call did not see
 
-    @property
-    def calls(self) -> bool:
-        return self not in (Replan.SAME, Replan.HOLD)
-
 
 @dataclass(frozen=True)
 class PolicyConfig:

@@ -123,7 +123,8 @@ def plan(
     invalid = {k for k, v in demand_rps.items() if not isinstance(v, (int, float)) or not math.isfinite(v)}
     demand_rps = {k: max(0.0, float(v)) for k, v in demand_rps.items() if k not in invalid}
     specs = {m.name: m for m in models}
-    gpus, by_id = _gpu_work(cluster)
+    rows = _gpu_rows(cluster)  # read once: every attempt builds its own GpuWork from them
+    gpus, by_id = _gpu_work(rows)
     mig_products: list[Product] = []
     for w in gpus:
         if w.product not in mig_products:
@@ -163,7 +164,7 @@ def plan(
 
         def attempt(adds: Mapping[str, dict[str, int]] | None, work=work, removed=removed, reuse=False,
                     plain=False) -> Plan:
-            return _attempt(cluster, models, demand_rps, specs, work, removed, adds, churn_budget, now_s,
+            return _attempt(cluster, rows, models, demand_rps, specs, work, removed, adds, churn_budget, now_s,
                             mn_models, reuse, plain, fast_path)
 
         best = attempt(None)
@@ -256,13 +257,13 @@ def _plan_key(p: Plan) -> tuple:
     return (round(sum(p.shortfall.values()), 6), unmet, p.cost.gpus_used, p.cost.slices_used, len(p.actions))
 
 
-def _attempt(cluster: ClusterState, models: Sequence[ModelSpec], demand_rps: Mapping[str, float],
+def _attempt(cluster: ClusterState, rows: list[tuple], models: Sequence[ModelSpec], demand_rps: Mapping[str, float],
              specs: dict[str, ModelSpec], work0: dict[str, ModelWork], removed0: dict[str, Reason],
              adds: Mapping[str, dict[str, int]] | None, churn_budget: int | None, now_s: float,
              mn_models: list[ModelSpec], reuse: bool = False, plain: bool = False,
              fast_path: bool = True) -> Plan:
     """Place, repair and finish one candidate (sizing already done; ``adds`` overrides new mixes)."""
-    gpus, by_id = _gpu_work(cluster)
+    gpus, by_id = _gpu_work(rows)
     removed = dict(removed0)
     work: dict[str, ModelWork] = {}
     for name, m0 in work0.items():
@@ -329,10 +330,10 @@ def _attempt(cluster: ClusterState, models: Sequence[ModelSpec], demand_rps: Map
     )
 
 
-def _gpu_work(cluster: ClusterState) -> tuple[list[GpuWork], dict[str, GpuWork]]:
+def _gpu_work(rows: list[tuple]) -> tuple[list[GpuWork], dict[str, GpuWork]]:
     gpus: list[GpuWork] = []
     by_id: dict[str, GpuWork] = {}
-    for gid, node, product, rdma, fabric, current, order, busy in _gpu_rows(cluster):
+    for gid, node, product, rdma, fabric, current, order, busy in rows:
         w = GpuWork(gid, node, product, rdma, fabric, current, order)
         w.frozen = busy
         gpus.append(w)
@@ -340,22 +341,14 @@ def _gpu_work(cluster: ClusterState) -> tuple[list[GpuWork], dict[str, GpuWork]]
     return gpus, by_id
 
 
-_ROWS: tuple[ClusterState | None, list[tuple]] = (None, [])
-
-
 def _gpu_rows(cluster: ClusterState) -> list[tuple]:
-    """What ``GpuWork`` is built from, per GPU: read once per cluster (a plan builds it once per attempt)."""
-    global _ROWS
-    last = _ROWS  # one read: another thread may replace it meanwhile
-    if last[0] is cluster:
-        return last[1]
+    """What ``GpuWork`` is built from, per GPU of known hardware (unknown hardware is never planned onto)."""
     rows = []
     for i, g in enumerate(cluster.gpus):
         product = PRODUCTS.get(g.product)
-        if product is None:
-            continue  # unknown hardware is never planned onto
-        rows.append((g.id, g.node, product, g.rdma, g.fabric, tuple(sorted(g.layout)) if g.mig_enabled else (), i, g.busy))
-    _ROWS = (cluster, rows)
+        if product is not None:
+            rows.append((g.id, g.node, product, g.rdma, g.fabric, tuple(sorted(g.layout)) if g.mig_enabled else (),
+                         i, g.busy))
     return rows
 
 

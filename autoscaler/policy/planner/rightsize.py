@@ -31,7 +31,7 @@ def free_profiles(cluster: ClusterState, by_id: dict[str, GpuWork]) -> frozenset
         if r.profile != WHOLE:
             taken.setdefault(r.gpu, []).append(Placement(r.start, r.profile))
     out: set[str] = set()
-    every = {name for g in {id(g.product): g for g in by_id.values()}.values() for name in g.product.profiles}
+    every = {name for product in {g.product for g in by_id.values()} for name in product.profiles}
     for g in by_id.values():
         if g.frozen or g.rdma:
             continue
