@@ -39,7 +39,15 @@ from autoscaler.policy import forecast as fc
 from autoscaler.policy import hpa
 from autoscaler.policy import spares as sp
 from autoscaler.policy.planner.multinode import group_of
-from autoscaler.policy.types import ClusterState, ModelSpec, Observation, Plan, Reason, ReplicaState
+from autoscaler.policy.types import (
+    ClusterState,
+    ModelSpec,
+    Observation,
+    Plan,
+    Reason,
+    RepartitionScope,
+    ReplicaState,
+)
 
 PlannerFn = Callable[..., Plan]
 
@@ -108,6 +116,9 @@ class PolicyConfig:
     repartition_s: float = 180.0
     # Warm spare slices (``spares.py``): learned, bounded; only where the fast path is on.
     spares: sp.SpareConfig = field(default_factory=sp.SpareConfig)
+    # What a repartition drains on this backend (NODE on Kubernetes): where it is the
+    # whole node, spares are carved only inside a repartition the plan makes anyway.
+    repartition_scope: RepartitionScope = RepartitionScope.GPU
 
     @property
     def metrics_window_hint_s(self) -> float:
@@ -674,7 +685,8 @@ def decide(
     else:
         plan = plan_fn(
             config.models, target_rps, observation.cluster, churn_budget=config.churn_budget, now_s=now_s,
-            fast_path=fast_path, **({"spares": spares} if spares else {}),
+            fast_path=fast_path,
+            **({"spares": spares, "repartition_scope": config.repartition_scope} if spares else {}),
         )
         memo = _Memo(key, plan, planner, now_s, counts, _room(observation.cluster))
         spare_state = sp.record(spare_state, now_s, sp.cold_creates(plan.actions), config.spares)

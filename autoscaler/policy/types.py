@@ -202,6 +202,20 @@ class ActionKind(str, Enum):
     REPARTITION = "repartition"  # set a GPU's layout (its affected instances are empty)
 
 
+class RepartitionScope(str, Enum):
+    """What one repartition takes down on a backend.
+
+    GPU: new instances are carved in a GPU's free space while its other
+    instances keep serving (MIG allows it: the simulator, a node driven with
+    ``nvidia-smi mig`` directly). NODE: the GPU Operator's mig-manager applies
+    a node's whole config and needs every GPU of the node idle, so the node is
+    drained first (the Kubernetes backend, docs/kubernetes.md).
+    """
+
+    GPU = "gpu"
+    NODE = "node"
+
+
 @dataclass(frozen=True)
 class Assignment:
     model: str

@@ -60,7 +60,7 @@ from autoscaler.clock import Clock, WallClock
 from autoscaler.config import policy_config
 from autoscaler.driver import Driver, Hooks, TickOutcome
 from autoscaler.loop import ControlLoop, TickResult, action_json
-from autoscaler.policy.types import Action, ModelSpec, Plan
+from autoscaler.policy.types import Action, ModelSpec, Plan, RepartitionScope
 from autoscaler.protocols import MetricsSource
 
 log = logging.getLogger("migscale.controller")
@@ -157,7 +157,9 @@ class KubernetesController:
         self.clock = clock or WallClock()
         self.identity = identity or (self.elector.identity if self.elector is not None else "migscale")
         # models_cfg None: every model comes from model_source (MigModels), none from models.yaml
-        self.policy = policy_config(models_cfg if models_cfg is not None else _NO_MODELS, cluster_cfg)
+        # mig-manager re-applies a node's whole config on a drained node: a repartition's scope is the node
+        self.policy = policy_config(models_cfg if models_cfg is not None else _NO_MODELS, cluster_cfg,
+                                    repartition_scope=RepartitionScope.NODE)
         self.model_source = model_source or StaticModels(
             ModelSet(tuple(self.policy.models), dict(self.policy.slo_p99_ms)))
         self.models: ModelSet | None = None

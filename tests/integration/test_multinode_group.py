@@ -72,4 +72,8 @@ def test_killing_a_worker_recreates_the_whole_group(group):
     assert old_leader not in new_pids and old_worker not in new_pids
     assert not _pid_alive(old_leader)
     x = np.ones((1, 256), np.float32)
-    np.testing.assert_allclose(_infer(group.url_http, x), reference(x), rtol=1e-4, atol=1e-4)
+    try:
+        y = _infer(group.url_http, x)
+    except Exception as exc:  # what the new generation said: a failure here must be diagnosable from CI output
+        raise AssertionError(f"{exc!r}; exited: {group.exited()}; logs:\n{group.tail_logs(30)}") from exc
+    np.testing.assert_allclose(y, reference(x), rtol=1e-4, atol=1e-4)

@@ -189,6 +189,7 @@ def test_blind_tick_holds_and_writes_nothing_but_the_lease(fake, make_controller
 
 
 def test_the_model_set_can_change_while_running(fake, make_controller):
+    from autoscaler.policy.types import RepartitionScope
     from autoscaler.runtime.kubernetes import ModelSet
 
     class Source:
@@ -210,6 +211,8 @@ def test_the_model_set_can_change_while_running(fake, make_controller):
     ctl.tick()
     assert ctl.loop.config.models == () and ctl.backend.models == {}
     assert fake.get("Deployment", DEPLOY)["spec"]["replicas"] == 0  # retired: to 0 first, deleted once empty
+    # mig-manager drains the node for any cut: the policy knows, also after the model set changed
+    assert ctl.loop.config.repartition_scope is RepartitionScope.NODE
 
 
 # ---------------------------------------------------------------- CLI

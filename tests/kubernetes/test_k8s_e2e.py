@@ -239,7 +239,7 @@ def test_replicas_follow_load_swap_is_make_before_break_and_each_field_has_one_w
     # Events for the scales with the decision's reason, and each model's condition in /v1/status
     notes = [e["note"] for e in fake.list("Event") if e.get("reportingController") == "migscale.io/controller"
              and e["regarding"]["name"].startswith("resnet-") and e["reason"] == "SuccessfulRescale"]
-    assert any("scale_up_demand" in n for n in notes) and any("scale_down_demand" in n for n in notes), notes
+    assert any("scale_up_demand" in n for n in notes) and any("scale_down_demand" in n for n in notes), (notes, tl)
     status = httpx.get(f"{ctl.url}/v1/status", timeout=5).json()
     assert status["leader"] is True and set(status["conditions"]) == {"resnet", "rnn"}
     assert all(c["type"] == "AtTarget" and c["status"] in ("True", "False") for c in status["conditions"].values())

@@ -131,13 +131,22 @@ class ProcessGroup:
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        self.generation += 1
+        # ``generation`` moves on only once this generation's leader and workers are in
+        # place and the old directories are pruned: a reader that sees the new number
+        # (the supervisor's status, a test) also sees its processes and its disk.
+        gen = self.generation + 1
         self.started_at = time.time()
         self.ready_at = None
         self.rendezvous_port = free_port()
-        gen_dir = self.workdir / f"gen{self.generation}"
+        gen_dir = self.workdir / f"gen{gen}"
         gen_dir.mkdir(parents=True, exist_ok=True)
         self._prune_generations()
+        try:
+            self._start_members(gen_dir)
+        finally:
+            self.generation = gen
+
+    def _start_members(self, gen_dir: Path) -> None:
         self.leader = TritonProcess(
             self.model_repository,
             [self.model],

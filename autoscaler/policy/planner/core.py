@@ -82,7 +82,15 @@ from autoscaler.policy.planner.sizing import (
 from autoscaler.policy.planner.spare import keep_spares
 from autoscaler.policy.planner.urgent import place_urgent
 from autoscaler.policy.planner.work import HEALTHY, ModelWork
-from autoscaler.policy.types import ClusterState, ModelSpec, Plan, Reason, Replica, ReplicaState
+from autoscaler.policy.types import (
+    ClusterState,
+    ModelSpec,
+    Plan,
+    Reason,
+    RepartitionScope,
+    Replica,
+    ReplicaState,
+)
 
 __all__ = ["DOWNSIZE_MIN_SLICES", "WHOLE", "apply_plan_to_cluster", "group_of", "plan"]
 
@@ -107,11 +115,13 @@ def plan(
     now_s: float = 0.0,
     fast_path: bool = True,
     spares: Mapping[str, int] | None = None,
+    repartition_scope: RepartitionScope = RepartitionScope.GPU,
 ) -> Plan:
     """Plan replicas, placements, layouts and actions for one tick (pure).
 
     ``spares``: profile -> empty instances to keep carved on GPUs in use
-    (``planner.spare.keep_spares``, on calm ticks only).
+    (``planner.spare.keep_spares``: on calm ticks where a repartition touches one
+    GPU; only inside a repartition the plan makes anyway where it drains the node).
 
     ``fast_path``: a running model short of its demand first takes empty
     instances that exist now (``planner.urgent``), and creates that need no
@@ -193,7 +203,7 @@ def plan(
         reasons = {n: rs + ((Reason.INVALID_METRIC,) if n in invalid else ()) for n, rs in best.reasons.items()}
         best = dataclasses.replace(best, reasons=reasons)
     if spares:
-        best = keep_spares(best, cluster, spares)
+        best = keep_spares(best, cluster, spares, repartition_scope)
     return best
 
 

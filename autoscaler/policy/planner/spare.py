@@ -14,6 +14,13 @@ slices, not GPU-hours. Worked number: a GPU cut 3g+2g+1g (6 of 7 slices) for
 its replicas, asked for one 1g spare, gets 1g@6 carved: the next scale-up of a
 model with a 1g profile starts there in a replica start (30 s), not after a
 180 s repartition.
+
+That holds where a repartition touches one GPU's free space
+(``RepartitionScope.GPU``). Where it drains the whole node
+(``RepartitionScope.NODE``: mig-manager on Kubernetes) a spare of its own
+would evict every replica of the node, so spares are carved only into the
+free space of a GPU the plan repartitions anyway, on any tick: the node is
+drained for that cut whatever the spare does.
 """
 
 from __future__ import annotations
@@ -24,14 +31,17 @@ from collections.abc import Mapping
 from autoscaler.mig.layout import Placement
 from autoscaler.mig.products import PRODUCTS
 from autoscaler.policy.planner.packing import fit
-from autoscaler.policy.types import Action, ActionKind, ClusterState, Plan, Reason
+from autoscaler.policy.types import Action, ActionKind, ClusterState, Plan, Reason, RepartitionScope
 
 
-def keep_spares(plan: Plan, cluster: ClusterState, spares: Mapping[str, int]) -> Plan:
-    """``plan`` plus the REPARTITIONs that carve the missing spares (``plan`` itself when
-    nothing is missing or the tick is not calm)."""
+def keep_spares(plan: Plan, cluster: ClusterState, spares: Mapping[str, int],
+                scope: RepartitionScope = RepartitionScope.GPU) -> Plan:
+    """``plan`` plus the spares still missing (``plan`` itself when none is missing or none
+    can be carved): new REPARTITIONs on a calm tick (GPU scope), or a larger layout for the
+    plan's own REPARTITIONs (node scope)."""
     want = {p: n for p, n in spares.items() if n > 0}
-    if not want or plan.shortfall or any(a.kind is ActionKind.CREATE for a in plan.actions):
+    in_place = scope is RepartitionScope.GPU
+    if not want or (in_place and (plan.shortfall or any(a.kind is ActionKind.CREATE for a in plan.actions))):
         return plan
     used = {a.gpu for a in plan.assignments}
     hosted = {(a.gpu, a.start) for a in plan.assignments}
@@ -43,13 +53,17 @@ def keep_spares(plan: Plan, cluster: ClusterState, spares: Mapping[str, int]) ->
                 if (gid, pl.start) not in hosted:
                     have[pl.profile] = have.get(pl.profile, 0) + 1
     layouts = dict(plan.layouts)
-    added: list[Action] = []
+    grown: dict[str, tuple[Placement, ...]] = {}
     for g in cluster.gpus:  # fullest first would pack tighter; cluster order keeps it stable
-        if g.id not in used or g.id in repart or g.busy or not g.mig_enabled or g.reserved_by:
+        if all(have.get(p, 0) >= n for p, n in want.items()):
+            break
+        if g.id not in used or g.busy or not g.mig_enabled or g.reserved_by:
+            continue
+        if (g.id in repart) is in_place:  # GPU scope: GPUs left as they are; node scope: those cut anyway
             continue
         product = PRODUCTS.get(g.product)
         layout = tuple(sorted(layouts.get(g.id, ())))
-        if product is None or layout != tuple(sorted(g.layout)):
+        if product is None or (in_place and layout != tuple(sorted(g.layout))):
             continue
         changed = False
         for profile in sorted(want):
@@ -61,10 +75,13 @@ def keep_spares(plan: Plan, cluster: ClusterState, spares: Mapping[str, int]) ->
                 have[profile] = have.get(profile, 0) + 1
                 changed = True
         if changed:
-            layouts[g.id] = layout
-            added.append(Action(ActionKind.REPARTITION, Reason.WARM_SPARE, gpu=g.id, layout=layout))
-        if all(have.get(p, 0) >= n for p, n in want.items()):
-            break
-    if not added:
+            layouts[g.id] = grown[g.id] = layout
+    if not grown:
         return plan
-    return dataclasses.replace(plan, layouts=layouts, actions=(*plan.actions, *added))
+    if in_place:
+        actions = (*plan.actions, *(Action(ActionKind.REPARTITION, Reason.WARM_SPARE, gpu=gid, layout=layout)
+                                    for gid, layout in grown.items()))
+    else:
+        actions = tuple(dataclasses.replace(a, layout=grown[a.gpu])
+                        if a.kind is ActionKind.REPARTITION and a.gpu in grown else a for a in plan.actions)
+    return dataclasses.replace(plan, layouts=layouts, actions=actions)
