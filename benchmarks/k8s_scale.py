@@ -3,7 +3,11 @@
 Prints ONE JSON object (and writes ``benchmarks/results/k8s_scale.json``):
 
 - ``tick_s``: seconds per control tick (driver hooks + observe + decide + act +
-  publish), p50/p99/max, in steady state and during a scale-up (goal: p99 < 1 s);
+  publish), p50/p99/max, in steady state and during a scale-up (goal: p99 < 1 s),
+  the CPU seconds this process spent meanwhile (``steady_cpu``, ``scale_up_cpu``:
+  every thread, the informers' too -- the controller's own cost, without the
+  waits for the emulation sharing its cores), the median of each part, and the
+  three slowest steady ticks part by part (``steady_slowest``);
 - ``requests_per_tick``: API requests the controller sends per tick, mean and
   max, in steady state and during the scale-up, split into the lease's own
   renewals (a write every ``retry_period_s``, independent of cluster size) and
@@ -21,6 +25,10 @@ on a 2-core machine each side gets a core. Delays are shortened (pods Ready in
 warm-up of ~1,000 pods takes a few ticks instead of hundreds (the warm-up also
 writes without the rollout's per-pass time budget; the measured phases keep
 it); the tick is 2 s.
+With ``--prometheus real`` the measured phases query a real Prometheus (the
+Debian binary, scraping every 2 s the emulation's per-pod Triton series at
+``/metrics``) instead of the emulation's own answers; it is a third process on
+the same two cores, and its JSON goes to ``k8s_scale-prometheus.json``.
 The seed fixes the models and the load; the figures are timings on this
 machine and vary by a few percent between runs.
 
@@ -33,10 +41,10 @@ import argparse
 import json
 import multiprocessing as mp
 import random
+import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -97,6 +105,21 @@ def _why_not_ready(pod: dict) -> str:
             f"{' on ' + 'node' if spec.get('nodeName') else ''}")
 
 
+class _Switch:
+    """The controller's metrics source, switched from the emulation's answers to a real
+    Prometheus between the warm-up and the measured phases."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def read(self, *a, **kw):
+        return self.inner.read(*a, **kw)
+
+    @property
+    def last_notes(self):
+        return getattr(self.inner, "last_notes", ())
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
@@ -111,6 +134,10 @@ def main() -> None:
     ap.add_argument("--max-ticks", type=int, default=30, help="the scale-up ends here if not settled")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--profile", type=Path, help="write cProfile stats of the steady ticks here")
+    ap.add_argument("--prometheus", choices=("emulated", "real"), default="emulated",
+                    help="what the measured phases query: the emulation answering the queries itself (default), "
+                         "or a real Prometheus scraping the emulation's per-pod Triton series (a third process "
+                         "on the same cores; results in k8s_scale-prometheus.json)")
     ap.add_argument("--dump-planner-input", type=Path,
                     help="pickle the last planner call's inputs of the steady phase here (to profile the planner alone)")
     args = ap.parse_args()
@@ -141,7 +168,23 @@ def main() -> None:
     be = build_backend(model_specs(mc, cc), cc, host=kube, identity="bench", lease_namespace="default",
                        lease=LeaseTimings(15, 10, 2), backend_options={"sync_timeout_s": 120})
     sync_s = time.perf_counter() - t0
-    src = PrometheusSource(prom_url, Queries(replica_label="pod"), window_s=30, metrics_stale_s=60)
+    # The warm-up reads the emulation's own answers (it reports the offered load even for a
+    # model with no pod yet, so the fleet can be built from nothing); the measured phases read
+    # a real Prometheus that has scraped the emulation's per-pod Triton series all along.
+    emulated_src = PrometheusSource(prom_url, Queries(replica_label="pod"), window_s=30, metrics_stale_s=60)
+    prom_server = None
+    if args.prometheus == "real":
+        from autoscaler.act.local.prometheus import SCRAPE_INTERVAL_S, PrometheusServer, ScrapeTarget
+
+        prom_server = PrometheusServer(tmp, "auto")
+        if prom_server.binary is None:
+            sys.exit("k8s_scale: no prometheus binary (apt-get install prometheus), or pass --prometheus emulated")
+        prom_server.write_targets([ScrapeTarget(prom_url.split("//", 1)[1], "emulation", "emulation", "-", "-", 0)])
+        prom_server.start()
+        scrape_s = SCRAPE_INTERVAL_S
+    else:
+        scrape_s = None
+    src = _Switch(emulated_src)
     ctl = KubernetesController(be, src, mc, cc, identity="bench")
     assert be.elector is not None
     be.elector.start()
@@ -165,7 +208,7 @@ def main() -> None:
 
         setattr(obj, name, wrapper)
 
-    timed(src, "read", "metrics")  # Prometheus queries (the emulated one, in the child process)
+    timed(src, "read", "metrics")  # Prometheus queries (a real Prometheus in the measured phases, by default)
     timed(be, "snapshot", "snapshot")  # informer caches -> ClusterState
     timed(be, "apply", "apply")  # this tick's actions: API writes
     timed(be, "advance", "advance")  # rollouts and repartitions under way: API writes
@@ -177,12 +220,12 @@ def main() -> None:
             total0, lease0 = be.rest.total_requests(), lease()
             by0 = Counter(be.rest.by_resource)
             spent.clear()
-            start = time.perf_counter()
+            start, cpu0 = time.perf_counter(), time.process_time()
             r = ctl.tick()
-            dt = time.perf_counter() - start
+            dt, cpu = time.perf_counter() - start, time.process_time() - cpu0
             total, leased = be.rest.total_requests() - total0, lease() - lease0
             by = {f"{v} {res}": n for (v, res), n in (Counter(be.rest.by_resource) - by0).items() if res != "leases"}
-            out.append({"tick_s": dt, "requests": total - leased, "lease": leased, "actions": len(r.actions), "by": by,
+            out.append({"tick_s": dt, "cpu_s": cpu, "requests": total - leased, "lease": leased, "actions": len(r.actions), "by": by,
                         "errors": len(r.errors), "chains": len(be.rollout.chains),
                         "decide_s": ctl.loop.last_decide_s or 0.0,
                         "replan": getattr(ctl.loop.state.replan, "value", None), **{f"{k}_s": v for k, v in spent.items()}})
@@ -202,6 +245,11 @@ def main() -> None:
     be.rollout.pass_budget_s = be.repartitioner.pass_budget_s = None
     warm = run(args.warmup_ticks, settled)
     be.rollout.pass_budget_s = be.repartitioner.pass_budget_s = budget
+    seen = None
+    if prom_server is not None:
+        src.inner = PrometheusSource(prom_server.url, Queries(replica_label="pod"), window_s=30, metrics_stale_s=60)
+        got, _ = src.inner.read(names, [], time.time())
+        seen = sum(1 for v in got.values() if v is not None and v.request_rate is not None)
     deferred0 = be.rollout.deferred + be.repartitioner.deferred
     if args.profile:
         import cProfile
@@ -241,9 +289,15 @@ def main() -> None:
         return {k[:-2]: round(statistics.median(o.get(k, 0.0) for o in ticks), 3) for k in keys}
 
     steady_req = [o["requests"] for o in steady]
+    slowest = sorted(steady, key=lambda o: -o["tick_s"])[:3]
     result = {
         "cluster": {"nodes": args.nodes, "gpus": args.nodes * 8, "models": args.models, "pods": len(pods),
                     "seed": args.seed},
+        "metrics_source": {"measured_phases": args.prometheus, "models_with_a_request_rate": seen,
+                           "scrape_interval_s": scrape_s},
+        # the three slowest steady ticks, each split into its parts: what p99 is made of
+        "steady_slowest": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in o.items() if k != "by"}
+                           for o in slowest],
         "cache_sync_s": round(sync_s, 2),
         "warmup_ticks": len(warm),
         "tick_s": {
@@ -253,6 +307,13 @@ def main() -> None:
             "scale_up": {"p50": round(pct([o["tick_s"] for o in up], 0.5), 3),
                          "p99": round(pct([o["tick_s"] for o in up], 0.99), 3),
                          "max": round(max(o["tick_s"] for o in up), 3), "ticks": len(up)},
+            # CPU seconds this process spent during the tick (every thread: the informers'
+            # watch decoding too). On 2 cores shared with the emulated control plane (and
+            # Prometheus), wall time also waits for them; this is the controller's own cost.
+            "steady_cpu": {"p50": round(pct([o["cpu_s"] for o in steady], 0.5), 3),
+                           "p99": round(pct([o["cpu_s"] for o in steady], 0.99), 3)},
+            "scale_up_cpu": {"p50": round(pct([o["cpu_s"] for o in up], 0.5), 3),
+                             "p99": round(pct([o["cpu_s"] for o in up], 0.99), 3)},
             "steady_median_parts": parts(steady),
             "scale_up_median_parts": parts(up),
         },
@@ -281,15 +342,17 @@ def main() -> None:
         "rollout": {"pass_budget_s": budget, "passes_stopped_at_budget": be.rollout.deferred + be.repartitioner.deferred - deferred0},
     }
     ctl.close()
+    if prom_server is not None:
+        prom_server.stop()
     parent.send("done")
     result["emulation"] = parent.recv()
     proc.join(timeout=30)
     text = json.dumps(result, indent=2)
     print(text)
-    out = ROOT / "benchmarks" / "results" / "k8s_scale.json"
+    out = ROOT / "benchmarks" / "results" / ("k8s_scale.json" if prom_server is None else "k8s_scale-prometheus.json")
     if args.nodes == 1000 and args.models == 200:
         out.write_text(text + "\n")
-    threading.Event().set()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,13 @@ store, each serving its profile's capacity from models.yaml:
   = min(1, rho); sample time = now.
 
 A model with no Ready pod has no latency series (absent, not zero).
+
+``/metrics`` serves the same picture as Triton's own exposition, one set of
+series per Ready pod (labels ``model``, ``version``, ``pod``; counters
+integrated between scrapes, each pod's share in proportion to its profile's
+capacity), so that a real Prometheus can scrape it and answer the very same
+queries from its TSDB (``benchmarks/k8s_scale.py --prometheus real``). A
+model with no Ready pod has no series there at all: no Triton, no metrics.
 """
 
 from __future__ import annotations
@@ -58,6 +65,8 @@ class LoadPrometheus:
         self.unknown: list[str] = []
         self._lock = threading.Lock()
         self._cached: tuple | None = None
+        self._counters: dict[tuple[str, str], dict[str, float]] = {}  # (model, pod) -> counter totals
+        self._scraped_at: float | None = None
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -65,6 +74,14 @@ class LoadPrometheus:
 
             def do_GET(self) -> None:
                 url = urllib.parse.urlparse(self.path)
+                if url.path == "/metrics":
+                    body = owner.exposition().encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 query = urllib.parse.parse_qs(url.query).get("query", [""])[0]
                 body = json.dumps({"status": "success", "data": {"resultType": "vector",
                                                                   "result": owner.answer(query)}}).encode()
@@ -143,6 +160,53 @@ class LoadPrometheus:
                     v = now if name == "replica_sample_time" else min(1.0, rho)
                     rows.append({"metric": {"model": model, "pod": pod}, "value": [now, str(v)]})
         return rows
+
+    COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
+                "nv_inference_exec_count", "nv_inference_queue_duration_us", "nv_inference_compute_input_duration_us",
+                "nv_inference_compute_infer_duration_us", "nv_inference_compute_output_duration_us",
+                "nv_inference_request_duration_us")
+
+    def exposition(self) -> str:
+        """Triton's series for every Ready pod, in the text format, with counters moved on
+        by what each pod served since the last scrape."""
+        now, ready, state = self._evaluate()
+        with self._lock:
+            dt = 0.0 if self._scraped_at is None else max(0.0, now - self._scraped_at)
+            self._scraped_at = now
+            lines: list[str] = []
+            live: dict[tuple[str, str], dict[str, float]] = {}
+            for model, pods in sorted(ready.items()):
+                st = state.get(model)
+                if st is None or not st["capacity"]:
+                    continue
+                lam, cap, rho = st["offered"], st["capacity"], st["rho"]
+                served = min(lam, cap)
+                ratio = min(20.0, rho * rho / (1 - rho)) if rho < 1 else 20.0
+                us = self.compute_ms * 1000.0
+                for pod, prof in pods:
+                    share = self.capacity.get(model, {}).get(prof, 0.0) / cap
+                    ok, bad = served * share, (lam - served) * share
+                    rates = {"nv_inference_request_success": ok, "nv_inference_request_failure": bad,
+                             "nv_inference_count": ok, "nv_inference_exec_count": ok,
+                             "nv_inference_queue_duration_us": ok * ratio * us,
+                             "nv_inference_compute_input_duration_us": 0.0,
+                             "nv_inference_compute_infer_duration_us": ok * us,
+                             "nv_inference_compute_output_duration_us": 0.0,
+                             "nv_inference_request_duration_us": ok * (1 + ratio) * us}
+                    tot = self._counters.get((model, pod)) or dict.fromkeys(self.COUNTERS, 0.0)
+                    for n in self.COUNTERS:
+                        tot[n] += rates[n] * dt
+                    live[(model, pod)] = tot
+                    lbl = f'model="{model}",version="1",pod="{pod}"'
+                    for n in self.COUNTERS:
+                        extra = ',reason="REJECTED"' if n == "nv_inference_request_failure" else ""
+                        lines.append(f"{n}{{{lbl}{extra}}} {tot[n]:.3f}")
+                    lines.append(f"nv_inference_pending_request_count{{{lbl}}} {max(0.0, lam - cap) * 5 * share:.3f}")
+                    for q, k in (("0.5", 1), ("0.95", 2), ("0.99", 3)):
+                        lines.append(f'nv_inference_request_summary_us{{{lbl},quantile="{q}"}} {k * (1 + ratio) * us:.1f}')
+                    lines.append(f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{pod="{pod}"}} {min(1.0, rho):.4f}')
+            self._counters = live  # a pod gone takes its counters with it (a new pod starts at 0)
+        return "\n".join(lines) + "\n"
 
     def close(self) -> None:
         self.srv.shutdown()
