@@ -177,6 +177,34 @@ def test_a_pass_stops_at_its_time_budget_and_the_next_goes_on_from_there(cluster
     assert all(fake.get("Deployment", f"{m.name}-1g-10gb")["spec"]["replicas"] == 1 for m in models)
 
 
+def test_the_passes_of_one_tick_share_its_write_budget(cluster, backends):
+    models = [ModelSpec(f"m{i}", {"1g.10gb": 10}, ("1g.10gb",), max_replicas=4) for i in range(8)]
+    cluster.add_nodes(2, {"1g.10gb": 7})
+    be = backends(models, clock=_WritesTakeTime(1_800_000_000.0), pass_budget_s=0.25)
+    fake = cluster.fake
+    caught_up(be, fake)
+
+    def created() -> set[str]:
+        return {m.name for m in models if fake.get("Deployment", f"{m.name}-1g-10gb") is not None}
+
+    assert be.apply([act("create", m.name) for m in models[:6]]) == []  # a pass of its own: some, not all
+    before = created()
+    assert 0 < len(before) < 6
+    # next tick: the backend's advance spends the tick's budget on the queued chains ...
+    assert be.advance() == []
+    advanced = created()
+    assert len(advanced) > len(before)
+    # ... so the tick's own actions wait for the next tick instead of writing past it
+    assert be.apply([act("create", m.name) for m in models[6:]]) == []
+    assert created() == advanced and {"m6", "m7"} <= set(be.in_flight()[1])
+    assert all("time for API writes is spent" in be.rollout.waiting()[m] for m in ("m6", "m7"))
+    passes = 0
+    while len(created()) < 8:  # and go out in the ticks after
+        assert be.advance() == []
+        passes += 1
+        assert passes < 10
+
+
 def test_without_a_budget_one_pass_takes_every_step(cluster, backends):
     models = [ModelSpec(f"m{i}", {"1g.10gb": 10}, ("1g.10gb",), max_replicas=4) for i in range(6)]
     cluster.add_nodes(2, {"1g.10gb": 7})

@@ -154,13 +154,17 @@ class KubernetesBackend:
             return [f"skipped {len(actions)} actions: not the leader ({reason})"]
         self.recorder.new_tick()
         cluster = self._last if self._last is not None else self.snapshot()
-        return self.rollout.submit(actions, cluster)
+        try:
+            return self.rollout.submit(actions, cluster)
+        finally:
+            self.rollout.end_tick()  # the tick's write budget, shared with ``advance``, is spent
 
     def advance(self) -> list[str]:
         """One step of everything under way (repartitions, waiting chains, retirements); leader only."""
         if not self.leading():
             return []
         self.recorder.new_tick()
+        self.rollout.begin_tick()
         errors = self.workloads.ungate()
         errors += self.workloads.unpin()
         errors += self.repartitioner.advance()

@@ -119,9 +119,12 @@ class Rollout:
         pass_budget_s: float | None = 0.25,
     ) -> None:
         self.workloads = workloads
-        # Seconds one pass may spend starting steps that write (None: no limit). Worked
-        # number: at ~10 ms a write, 0.25 s is ~25 writes a pass, two passes a tick.
+        # Seconds the passes of one tick may spend starting steps that write (None: no
+        # limit). A tick's passes -- the backend's ``advance`` before the tick, then the
+        # ``apply`` of its actions -- share it (``begin_tick``/``end_tick``); a pass outside
+        # a tick has it to itself. Worked number: at ~10 ms a write, 0.25 s is ~25 writes a tick.
         self.pass_budget_s = pass_budget_s
+        self._tick_left: float | None = None  # what this tick's passes may still spend
         self.deferred = 0  # passes that stopped at the budget
         self._resume = 0  # index of the chain the next pass starts with
         self.repartitioner = repartitioner
@@ -198,21 +201,36 @@ class Rollout:
         """Forget queued work (this replica stopped leading; the next leader re-plans from the cluster)."""
         self.chains.clear()
 
+    def begin_tick(self) -> None:
+        """The passes from here to ``end_tick`` share one write budget."""
+        self._tick_left = self.pass_budget_s
+
+    def end_tick(self) -> None:
+        self._tick_left = None
+
     def advance(self) -> list[str]:
         """One pass over the chains: each takes every step it can now. A pass stops
         starting steps that write once it has run ``pass_budget_s``; the chains not
         reached keep their place (still in flight) and go first in the next pass, so a
         scale-up of a thousand actions spreads over ticks instead of stalling one."""
-        errors: list[str] = []
         t0 = self.clock.now()
+        budget = self.pass_budget_s if self._tick_left is None else self._tick_left
+        try:
+            return self._pass(t0, budget)
+        finally:
+            if self._tick_left is not None:
+                self._tick_left = max(0.0, self._tick_left - (self.clock.now() - t0))
+
+    def _pass(self, t0: float, budget: float | None) -> list[str]:
+        errors: list[str] = []
         start = self._resume % len(self.chains) if self.chains else 0
         order = self.chains[start:] + self.chains[:start]
         self._resume = 0
         for chain in order:
             while chain.steps:
                 step = chain.steps[0]
-                if (self.pass_budget_s is not None and step.kind is not ActionKind.WAIT_READY
-                        and self.clock.now() - t0 > self.pass_budget_s):
+                if (budget is not None and step.kind is not ActionKind.WAIT_READY
+                        and self.clock.now() - t0 > budget):
                     self.deferred += 1
                     self._resume = self.chains.index(chain)
                     for c in order[order.index(chain):]:
