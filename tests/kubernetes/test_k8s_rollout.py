@@ -151,8 +151,10 @@ class _WritesTakeTime(VirtualClock):
         return super().now()
 
 
-def test_a_pass_stops_at_its_time_budget_and_the_next_goes_on_from_there(cluster, backends):
-    models = [ModelSpec(f"m{i}", {"1g.10gb": 10}, ("1g.10gb",), max_replicas=4) for i in range(6)]
+def _budgeted(cluster, backends, n: int):
+    """``n`` one-profile models on a backend whose writes take time, with a 0.25 s write
+    budget; and which of them have a Deployment yet, in model order."""
+    models = [ModelSpec(f"m{i}", {"1g.10gb": 10}, ("1g.10gb",), max_replicas=4) for i in range(n)]
     cluster.add_nodes(2, {"1g.10gb": 7})
     be = backends(models, clock=_WritesTakeTime(1_800_000_000.0), pass_budget_s=0.25)
     fake = cluster.fake
@@ -160,6 +162,13 @@ def test_a_pass_stops_at_its_time_budget_and_the_next_goes_on_from_there(cluster
 
     def created() -> list[str]:
         return [m.name for m in models if fake.get("Deployment", f"{m.name}-1g-10gb") is not None]
+
+    return models, be, created
+
+
+def test_a_pass_stops_at_its_time_budget_and_the_next_goes_on_from_there(cluster, backends):
+    models, be, created = _budgeted(cluster, backends, 6)
+    fake = cluster.fake
 
     assert be.apply([act("create", m.name) for m in models]) == []  # six independent chains
     first = created()
@@ -178,15 +187,7 @@ def test_a_pass_stops_at_its_time_budget_and_the_next_goes_on_from_there(cluster
 
 
 def test_the_passes_of_one_tick_share_its_write_budget(cluster, backends):
-    models = [ModelSpec(f"m{i}", {"1g.10gb": 10}, ("1g.10gb",), max_replicas=4) for i in range(8)]
-    cluster.add_nodes(2, {"1g.10gb": 7})
-    be = backends(models, clock=_WritesTakeTime(1_800_000_000.0), pass_budget_s=0.25)
-    fake = cluster.fake
-    caught_up(be, fake)
-
-    def created() -> set[str]:
-        return {m.name for m in models if fake.get("Deployment", f"{m.name}-1g-10gb") is not None}
-
+    models, be, created = _budgeted(cluster, backends, 8)
     assert be.apply([act("create", m.name) for m in models[:6]]) == []  # a pass of its own: some, not all
     before = created()
     assert 0 < len(before) < 6
