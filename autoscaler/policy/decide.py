@@ -117,7 +117,7 @@ class PolicyConfig:
     # Warm spare slices (``spares.py``): learned, bounded; only where the fast path is on.
     spares: sp.SpareConfig = field(default_factory=sp.SpareConfig)
     # What a repartition drains on this backend (NODE on Kubernetes): where it is the
-    # whole node, spares are carved only inside a repartition the plan makes anyway.
+    # whole node, no spare is carved (one would evict the node's replicas).
     repartition_scope: RepartitionScope = RepartitionScope.GPU
 
     @property

@@ -121,7 +121,7 @@ def plan(
 
     ``spares``: profile -> empty instances to keep carved on GPUs in use
     (``planner.spare.keep_spares``: on calm ticks where a repartition touches one
-    GPU; only inside a repartition the plan makes anyway where it drains the node).
+    GPU; none where it drains the node, ``repartition_scope`` NODE).
 
     ``fast_path``: a running model short of its demand first takes empty
     instances that exist now (``planner.urgent``), and creates that need no
