@@ -330,6 +330,7 @@ class KubernetesController:
     def close(self) -> None:
         """Stop renewing, release the Lease (if held), stop the API server and the informers."""
         try:
+            self.backend.recorder.close()  # queued Events go out while the lease still fences them in
             if self.elector is not None:
                 self.elector.stop()
                 self.released = self.elector.release()

@@ -71,6 +71,7 @@ def test_sizes_move_through_the_scale_subresource_and_a_workload_retires_when_em
     wait_until(lambda: (be.advance() or True) and size() == 0 and fake.get("Deployment", "resnet-1g-10gb") is None,
                what="retired")
     wait_until(lambda: fake.get("PodDisruptionBudget", "resnet-1g-10gb") is None, what="its budget collected")
+    assert be.recorder.flush()
     events = [e for e in fake.list("Event") if e["regarding"]["name"] == "resnet-1g-10gb"]
     assert {"SuccessfulRescale", "Retired"} <= {e["reason"] for e in events}
     assert any("New size: 4; reason: scale_up_demand" == e["note"] for e in events)
@@ -131,6 +132,7 @@ def test_an_hpa_on_a_migscale_workload_makes_migscale_stand_back(fake, backends)
     errors = be.apply([act("create", "resnet")])
     assert len(errors) == 1 and "someones-hpa owns its replicas" in errors[0]
     assert deployment_replicas(fake, "resnet-1g-10gb") == 1  # not written
+    assert be.recorder.flush()
     warn = [e for e in fake.list("Event") if e["reason"] == "ScaledByOtherController"]
     assert len(warn) == 1 and warn[0]["type"] == "Warning" and "someones-hpa" in warn[0]["note"]
     assert fake.field_writers.get(("Deployment", NS, "resnet-1g-10gb"), {}).get("spec.replicas", set()) == set()

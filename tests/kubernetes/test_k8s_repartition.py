@@ -83,6 +83,7 @@ def test_a_repartition_moves_one_step_per_tick_and_never_empties_the_model(clust
     steps = [s.split()[0] for s in be.repartitioner.log]
     assert steps[:3] == ["config", "cordon", "surge"] and steps[-2:] == ["unsurge", "uncordon"], steps
     assert be.snapshot().gpu("node-a/0").layout == TARGET
+    assert be.recorder.flush()
     reasons = [e["reason"] for e in fake.list("Event") if e["regarding"]["kind"] == "Node"]
     assert reasons == ["RepartitionStarted", "RepartitionSucceeded"]
 
@@ -114,6 +115,7 @@ def test_a_failed_config_rolls_back_and_the_node_cools_off(cluster, backends):
     assert node["metadata"]["labels"][MIG_CONFIG_LABEL] == "all-3g" and not node["spec"].get("unschedulable")
     assert ANNOTATION not in node["metadata"].get("annotations", {})
     assert fake.get("Deployment", "resnet-3g-40gb")["spec"]["replicas"] == 2  # surge undone on the way back
+    assert be.recorder.flush()
     warn = [e for e in fake.list("Event") if e["reason"] == "RepartitionFailed"]
     assert warn and warn[0]["type"] == "Warning"
     assert "node-a/0" in be.in_flight()[0]  # cooling: the planner leaves the node alone meanwhile

@@ -56,6 +56,7 @@ def test_a_profile_swap_scales_the_old_down_only_after_the_new_is_ready(cluster,
     assert all(new == 2 for new, old in samples if old < 2), samples
     assert (0, 2) in samples and (2, 2) in samples
     assert capacity(be) == 116 and all(r.profile == "1g.10gb" for r in be.snapshot().replicas)
+    assert be.recorder.flush()
     notes = {(e["regarding"]["name"], e["note"]) for e in fake.list("Event") if e["reason"] == "SuccessfulRescale"}
     assert ("resnet-1g-10gb", "New size: 2; reason: profile_efficiency") in notes
     assert ("resnet-2g-20gb", "New size: 0; reason: profile_efficiency") in notes  # the budget paced it: 2 -> 1 -> 0
@@ -250,4 +251,5 @@ def test_a_pod_pinned_to_a_node_that_filled_up_meanwhile_is_recreated_and_placed
     wait_until(lambda: capacity(be) == 58, 10, "the replacement Ready")
     (new,) = ours()
     assert new["metadata"]["name"] != first and new["spec"]["nodeName"] == "node-1"
+    assert be.recorder.flush()
     assert any(e["reason"] == "Replaced" for e in fake.list("Event"))

@@ -107,6 +107,7 @@ class KubernetesBackend:
         wait_all_synced(self.caches.all(), self.sync_timeout_s)
 
     def close(self) -> None:
+        self.recorder.close()
         self.caches.stop()
 
     @property
