@@ -729,6 +729,10 @@ def _room(cluster: ClusterState) -> tuple:
             frozenset((r.gpu, r.start, r.profile) for r in cluster.replicas))
 
 
+def _failed(cluster: ClusterState) -> frozenset[str]:
+    return frozenset(r.id for r in cluster.replicas if r.state not in _LIVE and r.state is not ReplicaState.DRAINING)
+
+
 def _replan(memo: _Memo | None, key: tuple, target_rps: Mapping[str, float], caps: Mapping[str, float],
             moving: Mapping[str, int], now_s: float, every_s: float) -> Replan:
     """Does this tick call the planner? ``SAME``: no, its inputs are exactly those
@@ -740,8 +744,11 @@ def _replan(memo: _Memo | None, key: tuple, target_rps: Mapping[str, float], cap
     (``moving``: model -> a count other than its current one), a model added
     to or removed from the configuration, a model whose live replicas fall
     short of its target (a rise, a burst) with a higher target than the last
-    call saw or with room it did not see (``_room``), a replica that failed, a
-    different set of GPUs. What is not urgent -- a smaller profile, emptying a
+    call saw or with room it did not see (``_room``), a replica that failed
+    since the last call, a different set of GPUs. A replica the last call
+    already saw failed is not news: on Kubernetes a pod the device plugin
+    refused stays Failed until it is collected, and re-planning for it every
+    tick would call the planner every tick. What is not urgent -- a smaller profile, emptying a
     GPU, actions the loop's gate held back while their GPU was busy, a count
     the last call already acted on while its replicas start -- waits at most
     ``every_s``. Worked number: at a 15 s tick on 12 models and 16 GPUs a call
@@ -761,7 +768,7 @@ def _replan(memo: _Memo | None, key: tuple, target_rps: Mapping[str, float], cap
         return Replan.SETTINGS
     if tuple(g.id for g in cluster.gpus) != tuple(g.id for g in cluster0.gpus):
         return Replan.GPUS
-    if any(r.state not in _LIVE and r.state is not ReplicaState.DRAINING for r in cluster.replicas):
+    if _failed(cluster) - _failed(cluster0):
         return Replan.FAILED
     roomier: bool | None = None  # the cluster's room differs from the last call's (computed once, if asked)
 

@@ -444,3 +444,31 @@ def test_a_count_or_a_shortfall_the_last_call_saw_waits_until_the_room_changes()
     assert _replan(memo, key(targets, busy), targets, caps, {}, 105.0, 60.0) is Replan.SHORT
     # and whatever happens, at most replan_s apart
     assert _replan(memo, key(targets, ready), targets, caps, {"resnet": 2}, 160.0, 60.0) is Replan.PERIODIC
+
+
+def test_a_replica_that_failed_since_the_last_call_is_urgent_one_it_saw_failed_is_not():
+    """A Failed pod stays in the cluster until it is collected: the planner is called when a
+    replica fails, not again on every tick while the failed one is still listed."""
+    from autoscaler.policy.decide import Replan, _Memo, _replan, _room
+
+    gpu = GpuState("node-a/0", "node-a", "A100-SXM4-80GB", layout=(Placement(0, "1g.10gb"), Placement(1, "1g.10gb")))
+    ok = Replica("resnet-0", "resnet", "1g.10gb", "node-a/0", 0, ReplicaState.STARTING)
+    bad = Replica("resnet-1", "resnet", "1g.10gb", "node-a/0", 1, ReplicaState.FAILED)
+    worse = Replica("resnet-2", "resnet", "1g.10gb", "node-a/0", 1, ReplicaState.FAILED)
+    before = ClusterState(gpus=(gpu,), replicas=(ok,))
+    failed = ClusterState(gpus=(gpu,), replicas=(ok, bad))
+
+    def key(cluster: ClusterState) -> tuple:
+        return ((("resnet", 50.0),), cluster, 4, True, ())
+
+    targets, caps = {"resnet": 50.0}, {"resnet": 58.0}
+    memo = _Memo(key(before), None, None, 100.0, {}, _room(before))
+    assert _replan(memo, key(failed), targets, caps, {}, 105.0, 60.0) is Replan.FAILED
+    seen = _Memo(key(failed), None, None, 105.0, {}, _room(failed))
+    # still listed, and only the other replica turned Ready: no call until replan_s
+    now_ready = ClusterState(gpus=(gpu,), replicas=(dataclasses.replace(ok, state=ReplicaState.READY), bad))
+    assert _replan(seen, key(now_ready), targets, caps, {}, 110.0, 60.0) is Replan.HOLD
+    assert _replan(seen, key(now_ready), targets, caps, {}, 165.0, 60.0) is Replan.PERIODIC
+    # another one fails: at once
+    assert _replan(seen, key(ClusterState(gpus=(gpu,), replicas=(ok, bad, worse))), targets, caps, {}, 110.0,
+                   60.0) is Replan.FAILED
