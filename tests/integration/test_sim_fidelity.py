@@ -1,7 +1,8 @@
 """Simulator fidelity against the real local cluster (real tritonserver replicas, nginx, Prometheus).
 
-The same step load (low -> high, 35 s each: the fall only matters for the
-scale-down, which the benchmark compares) runs through the front
+The same step load (18 s low, then 36 s high: the fall only matters for the
+scale-down, which the benchmark compares; the low phase only has to outlast
+the 6 s metrics window) runs through the front
 door of a ``LocalCluster`` driven by the production ``ControlLoop`` and
 through ``SimCluster`` with the local backend's delays. The simulator must
 predict when the loop scales up (within 20% or 10 s) and how far (peak
@@ -24,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 def test_simulator_predicts_the_real_scale_up(tmp_path):
     import fidelity as fid
 
-    shape = fid.Step(duration_s=70.0, levels=(12.0, 70.0))
+    shape = fid.Step(duration_s=54.0, levels=(12.0, 70.0, 70.0))
     real = fid.run_real(shape, tmp_path / "run")
     assert real["saturation_rps"] > 0, real["saturation_rps"]
     sim = fid.run_sim(shape, start_delay_s=real["start_s"], service_rps=fid.service_rates(real["saturation_rps"]))
