@@ -145,6 +145,8 @@ def main() -> None:
                     help="what the measured phases query: the emulation answering the queries itself (default), "
                          "or a real Prometheus scraping the emulation's per-pod Triton series (a third process "
                          "on the same cores; results in k8s_scale-prometheus.json)")
+    ap.add_argument("--decision-log", type=Path,
+                    help="write the controller's decision log (one JSON line a tick: actions and reasons) here")
     ap.add_argument("--dump-planner-input", type=Path,
                     help="pickle the last planner call's inputs of the steady phase here (to profile the planner alone)")
     args = ap.parse_args()
@@ -192,7 +194,7 @@ def main() -> None:
     else:
         scrape_s = None
     src = _Switch(emulated_src)
-    ctl = KubernetesController(be, src, mc, cc, identity="bench")
+    ctl = KubernetesController(be, src, mc, cc, identity="bench", decision_log=args.decision_log)
     assert be.elector is not None
     be.elector.start()
     while not be.elector.holds():

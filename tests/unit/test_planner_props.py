@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_planner import assert_actions_are_safe, check_valid
 
 from autoscaler.mig import Placement, get_product
 from autoscaler.policy.milp import solve
 from autoscaler.policy.planner import apply_plan_to_cluster, group_of, plan
+from autoscaler.policy.planner.sizing import EPS
 from autoscaler.policy.types import (
     ActionKind,
     ClusterState,
@@ -134,6 +135,8 @@ def test_layouts_valid_and_profiles_usable(inst):
 
 @settings(max_examples=max(10, EXAMPLES * 3 // 4), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances(max_gpus=4, max_models=3, multinode=False))
+@example(([ModelSpec("m0", {}, ("1g.10gb",), min_replicas=0, max_replicas=1)], {"m0": 5e-7},
+          ClusterState(gpus=(GpuState("g0", "n0", "A100-SXM4-80GB", layout=()),))))
 def test_capacity_met_whenever_the_milp_is_feasible(inst):
     models, demand, cluster = inst
     ref = solve(models, demand, [g.product for g in cluster.gpus], time_limit_s=20)
@@ -147,7 +150,9 @@ def test_capacity_met_whenever_the_milp_is_feasible(inst):
         assert p.cost.gpus_used <= ref.gpus_used + 1  # near-optimal; the benchmark measures the gap
     else:
         # The heuristic cannot beat the exact solver: it must report a shortfall or break a bound.
-        ok = all(p.capacity_rps[m.name] >= demand[m.name] - 1e-6 for m in models)
+        # "met" with the planner's and the solver's own slack: a demand of 5e-7 req/s with no usable
+        # profile is infeasible for both, yet within a looser 1e-6 of zero capacity
+        ok = all(p.capacity_rps[m.name] >= demand[m.name] - EPS for m in models)
         ha_ok = all(len({a.gpu for a in p.assignments if a.model == m.name}) >= 2
                     for m in models if m.high_availability)
         floors = all(sum(1 for a in p.assignments if a.model == m.name) >= m.min_replicas for m in models)
