@@ -235,7 +235,7 @@ def main() -> None:
             total, leased = be.rest.total_requests() - total0, lease() - lease0
             by = {f"{v} {res}": n for (v, res), n in (Counter(be.rest.by_resource) - by0).items() if res != "leases"}
             out.append({"tick_s": dt, "cpu_s": cpu, "requests": total - leased, "lease": leased, "actions": len(r.actions), "by": by,
-                        "errors": len(r.errors), "chains": len(be.rollout.chains),
+                        "errors": len(r.errors), "chains": len(be.rollout.chains), "held": len(r.held),
                         "decide_s": ctl.loop.last_decide_s or 0.0,
                         "replan": getattr(ctl.loop.state.replan, "value", None), **{f"{k}_s": v for k, v in spent.items()}})
             print(f"tick {len(out)}: {out[-1]}", file=sys.stderr, flush=True)
@@ -245,7 +245,10 @@ def main() -> None:
         return out
 
     def settled(out: list[dict]) -> bool:
-        return len(out) >= 2 and all(o["actions"] == 0 and o["chains"] == 0 for o in out[-2:])
+        # Held models count: while chains wait, the gate holds every model with work queued, and
+        # their decisions (the warm-up's scale-downs) go out only once the chains are done -- a
+        # tick with no actions and no chains is not yet a steady fleet if models are held.
+        return len(out) >= 2 and all(o["actions"] == 0 and o["chains"] == 0 and o["held"] == 0 for o in out[-2:])
 
     # The warm-up (~1,000 pods from nothing) is not measured: it writes without the
     # rollout's per-pass time budget so it takes a few ticks; the measured phases run
