@@ -747,9 +747,9 @@ def _replan(memo: _Memo | None, key: tuple, target_rps: Mapping[str, float], cap
     call saw or with room it did not see (``_room``), a replica that failed
     since the last call, a different set of GPUs. A replica the last call
     already saw failed is not news: on Kubernetes a pod the device plugin
-    refused stays Failed until it is collected, and re-planning for it every
-    tick would call the planner every tick. What is not urgent -- a smaller profile, emptying a
-    GPU, actions the loop's gate held back while their GPU was busy, a count
+    refused stays Failed until it is collected, and re-planning for it would
+    call the planner on every tick. What is not urgent -- a smaller profile,
+    emptying a GPU, actions the loop's gate held back while their GPU was busy, a count
     the last call already acted on while its replicas start -- waits at most
     ``every_s``. Worked number: at a 15 s tick on 12 models and 16 GPUs a call
     costs ~10 ms, and a steady hour calls it about once a minute instead of
