@@ -33,7 +33,7 @@ from autoscaler.policy.types import (
     ReplicaSignals,
     ReplicaState,
 )
-from autoscaler.protocols import WAIT, ActionQueue, Chain, InFlight, describe
+from autoscaler.protocols import WAIT, ActionQueue, Chain, InFlight, action_groups, describe
 
 WHOLE = "whole"  # the planner's profile for a GPU held whole by a multinode group
 
@@ -156,6 +156,9 @@ class RecordingActuator:
 
     def take_errors(self) -> list[str]:
         return self.queue.take_errors()
+
+    def groups(self, actions: Sequence[Action]) -> list[int]:
+        return action_groups(actions, self._owner)
 
     def converging(self) -> bool:
         return bool(self.queue) or any(

@@ -8,8 +8,8 @@ ticks; this module is one tick. Three rules keep it safe:
 - a gate per GPU and per model: what is still in flight (the actuator's
   ``in_flight()``: repartitions, drains, queued actions) is only observed,
   never acted on again. The loop decides every tick and drops only the
-  actions that touch a busy GPU or model, together with every action linked
-  to them through a shared GPU or model (``hold_in_flight``); those models
+  actions that touch a busy GPU or model, together with every action the
+  actuator links to them (``Actuator.groups``, ``hold_in_flight``); those models
   report ``HOLD_CONVERGING``, and the planner leaves busy GPUs alone. Worked
   number: a 180 s repartition of one GPU holds only the models on that GPU for
   its 12 ticks of 15 s; the other models keep scaling. Every actuator answers
@@ -172,7 +172,8 @@ class ControlLoop:
         plan, new_state = decide(obs, prev, self.config, now, planner=self.planner)
         self.last_decide_s = time.perf_counter() - t0
         reasons = dict(plan.reasons)
-        actions, held = hold_in_flight(plan.actions, cluster, busy[0], busy[1])
+        actions, held = hold_in_flight(plan.actions, cluster, busy[0], busy[1],
+                                       self.actuator.groups(plan.actions) if plan.actions else [])
         for m in held:
             rs = tuple(r for r in reasons.get(m, ()) if r is not Reason.KEEP)
             reasons[m] = (Reason.HOLD_CONVERGING, *rs)
@@ -238,15 +239,21 @@ def hold_in_flight(
     cluster: ClusterState,
     busy_gpus: frozenset[str] | set[str],
     busy_models: frozenset[str] | set[str],
+    groups: Sequence[int] | None = None,
 ) -> tuple[tuple[Action, ...], frozenset[str]]:
     """The per-GPU/per-model gate: (actions to issue now, models held).
 
-    Actions are linked when they share a GPU or a model (``action_groups``: a
-    REPARTITION and the CREATEs it makes room for; a replacement CREATE and
-    the DRAIN of the replica it replaces). A linked group that touches a busy
-    GPU (being repartitioned, draining, with queued actions) or a busy model
-    (actions still queued) is dropped whole, so make-before-break is never
-    split: the planner re-plans it next tick from what then runs. Order is kept.
+    ``groups`` is the chain of each action as the actuator links them
+    (``Actuator.groups``); without it, actions sharing a GPU or a model are
+    linked (``action_groups``: a REPARTITION and the CREATEs it makes room
+    for; a replacement CREATE and the DRAIN of the replica it replaces). A
+    chain that touches a busy GPU (being repartitioned, draining, with queued
+    actions) or a busy model (actions still queued) is dropped whole, so
+    make-before-break is never split: the planner re-plans it next tick from
+    what then runs. Order is kept. The gate must link as the actuator does:
+    on Kubernetes, where sharing a GPU links nothing, GPU links made one chain
+    of a consolidation's 500 actions over 105 models, and one busy GPU held
+    them all.
     """
     reps = {r.id: r for r in cluster.replicas}
 
@@ -254,7 +261,10 @@ def hold_in_flight(
         r = reps.get(rid)
         return (r.gpu, r.model) if r is not None else None
 
-    groups = action_groups(actions, owner)
+    if groups is None:
+        groups = action_groups(actions, owner)
+    if len(groups) != len(actions):
+        raise ValueError(f"hold_in_flight: {len(groups)} groups for {len(actions)} actions")
     bad: set[int] = set()
     for a, g in zip(actions, groups):
         gpu, model = action_keys(a, owner)

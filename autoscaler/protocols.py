@@ -28,7 +28,11 @@ same way: a write is accepted at once, controllers converge on their own).
 Queued chains move on by themselves (the local supervisor, the simulator's
 timers, a Kubernetes backend's next read) and on every later call.
 Independent chains never wait for each other: one GPU's 180 s repartition does
-not hold up a scale-up on another.
+not hold up a scale-up on another. ``groups(actions)`` answers, without acting,
+how ``apply`` would split them; the loop's gate holds whole chains by it
+(``loop.hold_in_flight``), so it links exactly what the backend links -- no
+more (a gate that links more than the backend holds models nothing couples)
+and no less (it would split a make-before-break).
 
 What each action kind means
 ---------------------------
@@ -186,6 +190,10 @@ class Actuator(Protocol):
 
     def in_flight(self) -> InFlight:
         """(GPUs, models) with work under way (see the module docstring)."""
+        ...
+
+    def groups(self, actions: Sequence[Action]) -> list[int]:
+        """Chain index per action: how ``apply`` would link these actions (see "Chains")."""
         ...
 
     def take_errors(self) -> list[str]:

@@ -119,6 +119,9 @@ class LeaderGate:
     def in_flight(self) -> tuple[frozenset[str], frozenset[str]]:
         return self.backend.in_flight()
 
+    def groups(self, actions: Sequence[Action]) -> list[int]:
+        return self.backend.groups(actions)
+
     def take_errors(self) -> list[str]:
         # only a leader queues work; what a deposed leader had queued was dropped with it
         return self.backend.take_errors() if self.leading else []

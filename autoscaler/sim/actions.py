@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from autoscaler.mig import Placement, check_layout, get_product
 from autoscaler.policy.types import Action, ActionKind, GpuState, ModelSpec, ReplicaState
-from autoscaler.protocols import WAIT, ActionQueue, Chain, InFlight, describe
+from autoscaler.protocols import WAIT, ActionQueue, Chain, InFlight, action_groups, describe
 from autoscaler.sim.records import Repartition, SimConfig, SimReplica
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -90,6 +90,9 @@ class SimActions:
     def take_errors(self) -> list[str]:
         self._timers(self.clock.now())
         return self.queue.take_errors()
+
+    def groups(self, actions: Sequence[Action]) -> list[int]:
+        return action_groups(actions, self._owner)
 
     def _run_queue(self, now: float, fresh: Sequence[Chain] = ()) -> list[str]:
         errors = self.queue.run(self._step, now, fresh)

@@ -141,6 +141,10 @@ class KubeWorld:
                     self._pending[key].remove(rid)
         return errs
 
+    def groups(self, actions: Sequence[Action]) -> list[int]:
+        self._bind_all()
+        return self.be.groups([replace(a, gpu=self._gpu_in(a.gpu), replica=self._pod_of(a.replica)) for a in actions])
+
     def in_flight(self) -> tuple[frozenset[str], frozenset[str]]:
         self._bind_all()
         gpus, models = self.be.in_flight()

@@ -4,7 +4,7 @@ Each test runs once per harness in ``conftest.HARNESSES`` (the simulator, the
 recording fake, the local cluster on fake processes, the Kubernetes backend on
 the emulated control plane); the ``make`` fixture builds the backend on the
 world the test describes. The assertions read only what the contract
-promises: ``apply``'s and ``take_errors``' lines, the snapshot,
+promises: ``apply``'s and ``take_errors``' lines, the snapshot, ``groups()``,
 ``in_flight()``. Where the contract lets a backend whose scheduler places
 replicas do otherwise (``protocols.py``), the test asserts that alternative
 for it (``h.scheduler_places``) -- never nothing.
@@ -158,13 +158,16 @@ def test_an_error_skips_the_rest_of_its_chain_only(make):
     acts = [create("m-0", "m", P1, "g1", 0),  # uncarved: fails
             create("m-1", "m", P1, "g0", 1),  # same model: same chain, skipped
             create("n-0", "n", P3, "g0", 4)]  # shares g0 with m-1: same chain too
+    g = h.act.groups(acts)  # asked before acting: the split apply is about to make
     errs = h.apply(acts)
     h.settle()
     if h.scheduler_places:  # g0 is not repartitioned here: sharing it links nothing, n goes on
         assert len(errs) == 2 and "skipped" in errs[1] and "m-1" in errs[1]
         assert [r.id for r in h.snapshot().replicas] == ["n-0"]
+        assert g[0] == g[1] != g[2]
         return
     assert len(errs) == 3 and sum("skipped" in e for e in errs) == 2
+    assert g[0] == g[1] == g[2]
     assert [r.id for r in h.snapshot().replicas] == []
 
 

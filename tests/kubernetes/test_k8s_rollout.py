@@ -253,3 +253,24 @@ def test_a_pod_pinned_to_a_node_that_filled_up_meanwhile_is_recreated_and_placed
     assert new["metadata"]["name"] != first and new["spec"]["nodeName"] == "node-1"
     assert be.recorder.flush()
     assert any(e["reason"] == "Replaced" for e in fake.list("Event"))
+
+
+def test_chains_link_through_a_node_only_when_the_batch_repartitions_it():
+    from autoscaler.act.kubernetes.rollout import chain_groups
+    from autoscaler.policy.types import Action, ActionKind, ClusterState, Replica
+
+    reps = (Replica("a-pod", "a", "1g.10gb", "n1/0", 0, ReplicaState.READY),)
+    cluster = ClusterState((), reps)
+    create_b = Action(ActionKind.CREATE, Reason.SCALE_UP_DEMAND, gpu="n1/0", model="b", profile="1g.10gb", start=1)
+    create_c = Action(ActionKind.CREATE, Reason.CONSOLIDATE, gpu="n1/1", model="c", profile="1g.10gb", start=0)
+    drain_a = Action(ActionKind.DRAIN, Reason.CONSOLIDATE, replica="a-pod")  # names only its pod
+    create_a = Action(ActionKind.CREATE, Reason.CONSOLIDATE, gpu="n2/0", model="a", profile="1g.10gb", start=0)
+    # a consolidation over one node: three models share n1's GPUs, but the scheduler places
+    # the pods, so only a's own actions form one chain (its DRAIN through the pod's model)
+    g = chain_groups([create_a, drain_a, create_b, create_c], cluster)
+    assert g[0] == g[1] and len({g[0], g[2], g[3]}) == 3
+    # once the batch repartitions n1, the CREATEs on n1 wait for it: one chain with the cut
+    # (a's DRAIN names no GPU: the repartition evicts the pod itself)
+    cut = Action(ActionKind.REPARTITION, Reason.CONSOLIDATE, gpu="n1/1", layout=(Placement(0, "1g.10gb"),))
+    g = chain_groups([cut, create_a, drain_a, create_b, create_c], cluster)
+    assert g[0] == g[3] == g[4] and g[1] == g[2] != g[0]

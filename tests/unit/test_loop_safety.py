@@ -225,20 +225,20 @@ class InFlightActuator(RecordingActuator):
         return frozenset(self.busy_gpus), frozenset(self.busy_models)
 
 
-def two_gpu_loop():
+def two_gpu_loop(home: dict[str, str] | None = None, actuator: type[InFlightActuator] | None = None):
     from autoscaler.policy.types import ClusterState, GpuState
 
     gpus = (GpuState("g0", "n", "A100-SXM4-80GB"), GpuState("g1", "n", "A100-SXM4-80GB"))
     reps = (Replica("a-0", "a", PROFILE, "g0", 0, ReplicaState.READY),
             Replica("b-0", "b", PROFILE, "g1", 0, ReplicaState.READY))
     inv = FakeInventory(ClusterState(gpus, reps))
-    act = InFlightActuator(inv)
+    act = (actuator or InFlightActuator)(inv)
     seen = []
+    home = home or {"a": "g0", "b": "g1"}  # by default each model grows on its own GPU
 
     def planner(models, demand, cluster, *, churn_budget=None, now_s=0.0, fast_path=True):
         seen.append(cluster)
         plan = stub_planner(models, demand, cluster, churn_budget=churn_budget, now_s=now_s)
-        home = {"a": "g0", "b": "g1"}  # each model grows on its own GPU
         from dataclasses import replace as _r
 
         return _r(plan, actions=tuple(_r(x, gpu=home[x.model]) if x.gpu is not None and x.model else x
@@ -282,6 +282,27 @@ def test_busy_model_is_held_even_on_a_free_gpu():
     assert count(inv, "b") == 1 and count(inv, "a") > 1
 
 
+class ModelLinkedActuator(InFlightActuator):
+    """Links actions through their model only, as a backend whose scheduler places pods does."""
+
+    def groups(self, actions):
+        ids: dict[str, int] = {}
+        return [ids.setdefault(a.model or "", len(ids)) for a in actions]
+
+
+def test_the_gate_links_actions_as_the_actuator_does():
+    # both models grow on g0 and b is busy: an actuator that links through GPUs
+    # holds a's chain with b's; one that links through models only holds b alone
+    for actuator, held in ((InFlightActuator, ("a", "b")), (ModelLinkedActuator, ("b",))):
+        loop, src, inv, act, _clock, _ = two_gpu_loop(home={"a": "g0", "b": "g0"}, actuator=actuator)
+        src.set_rate("a", 200), src.set_rate("b", 200)
+        act.busy_models = {"b"}
+        r = loop.tick()
+        assert r.held == held, actuator.__name__
+        assert count(inv, "b") == 1
+        assert (count(inv, "a") > 1) is (held == ("b",))
+
+
 def test_hold_in_flight_drops_whole_linked_groups_and_keeps_order():
     from autoscaler.loop import hold_in_flight
     from autoscaler.policy.types import Action, ClusterState
@@ -302,6 +323,9 @@ def test_hold_in_flight_drops_whole_linked_groups_and_keeps_order():
     assert kept == acts and held == frozenset()
     kept, held = hold_in_flight(acts, cluster, set(), {"c"})
     assert kept == (acts[0], acts[2], acts[3]) and held == {"c"}
+    # the actuator's own chains, when given, replace the shared-GPU-or-model links
+    kept, held = hold_in_flight(acts, cluster, {"g2"}, set(), groups=[0, 1, 2, 3])
+    assert kept == acts[:3] and held == {"a"}
 
 
 def test_late_errors_of_queued_actions_are_reported_without_failing_the_tick(tmp_path):

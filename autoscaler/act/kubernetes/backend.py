@@ -43,7 +43,7 @@ from autoscaler.act.kubernetes.leader import LeaseElector
 from autoscaler.act.kubernetes.leader import micro_time as rfc3339
 from autoscaler.act.kubernetes.render import MODEL_LABEL, WHOLE, OwnerRef, RenderConfig
 from autoscaler.act.kubernetes.repartition import Repartitioner
-from autoscaler.act.kubernetes.rollout import Rollout
+from autoscaler.act.kubernetes.rollout import Rollout, chain_groups
 from autoscaler.act.kubernetes.workloads import Caches, Workloads, make_caches
 from autoscaler.clock import Clock, WallClock
 from autoscaler.policy.types import Action, ClusterState, ModelSpec, Plan, ReplicaState
@@ -186,6 +186,9 @@ class KubernetesBackend:
 
     def stop_leading(self) -> None:
         self.rollout.reset()
+
+    def groups(self, actions: Sequence[Action]) -> list[int]:
+        return chain_groups(actions, self._last or ClusterState())
 
     def in_flight(self) -> tuple[frozenset[str], frozenset[str]]:
         gpus, models = self.rollout.busy()

@@ -140,14 +140,9 @@ class Rollout:
         spec = self.workloads.models.get(model or "")
         return WHOLE if spec is not None and spec.backend == "multinode" else profile
 
-    def _split(self, actions: Sequence[Action]) -> list[list[Action]]:
-        """Chains as the contract links them (``protocols.action_groups``), with one Kubernetes twist:
-        actions are linked through a *node* only when this batch repartitions it -- elsewhere the
-        scheduler, not the planner's GPU, decides where a pod lands, so sharing a GPU links nothing."""
-        repart_nodes = {node_of(a.gpu) for a in actions if a.kind is ActionKind.REPARTITION}
-        keyed = [replace(a, gpu=node_of(a.gpu) if node_of(a.gpu) in repart_nodes else None) for a in actions]
+    def _split(self, actions: Sequence[Action], cluster: ClusterState) -> list[list[Action]]:
         chains: dict[int, list[Action]] = {}
-        for a, g in zip(actions, action_groups(keyed, lambda _rid: None)):
+        for a, g in zip(actions, chain_groups(actions, cluster)):
             chains.setdefault(g, []).append(a)
         return list(chains.values())
 
@@ -191,7 +186,7 @@ class Rollout:
 
     def submit(self, actions: Sequence[Action], cluster: ClusterState) -> list[str]:
         self.last = cluster
-        for group in self._split(actions):
+        for group in self._split(actions, cluster):
             steps = self._steps(group, cluster)
             if steps:
                 self.chains.append(Chain(steps, since=self.clock.now()))
@@ -405,6 +400,20 @@ class Rollout:
 
     def workload_names(self) -> set[str]:
         return {workload_name(s.model, s.profile) for c in self.chains for s in c.steps if s.model and s.profile}
+
+
+def chain_groups(actions: Sequence[Action], cluster: ClusterState) -> list[int]:
+    """Chain index per action: as the contract links them (``protocols.action_groups``), with
+    one Kubernetes twist -- actions are linked through a *node* only when this batch
+    repartitions it (the whole node is drained for mig-manager); elsewhere the scheduler, not
+    the planner's GPU, decides where a pod lands, so sharing a GPU links nothing. A DRAIN or
+    DELETE that names only its pod links to the pod's model, read from ``cluster``."""
+    repart_nodes = {node_of(a.gpu) for a in actions if a.kind is ActionKind.REPARTITION}
+    models = {r.id: r.model for r in cluster.replicas}
+    keyed = [replace(a, gpu=node_of(a.gpu) if node_of(a.gpu) in repart_nodes else None,
+                     model=a.model if a.model is not None else models.get(a.replica or ""))
+             for a in actions]
+    return action_groups(keyed, lambda _rid: None)
 
 
 def _node_layouts(

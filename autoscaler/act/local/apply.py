@@ -44,7 +44,7 @@ from autoscaler.act.local.replicas import WHOLE, LocalReplica, ModelRuntime, lau
 from autoscaler.mig.layout import Placement, check_layout
 from autoscaler.mig.products import get_product
 from autoscaler.policy.types import Action, ActionKind, GpuState, ReplicaState
-from autoscaler.protocols import WAIT, ActionQueue, Chain, InFlight
+from autoscaler.protocols import WAIT, ActionQueue, Chain, InFlight, action_groups
 
 if TYPE_CHECKING:  # pragma: no cover
     from autoscaler.act.local.nginx import NginxFrontDoor
@@ -134,6 +134,9 @@ class ApplyMixin:
     def take_errors(self) -> list[str]:
         with self._apply_lock:
             return self.queue.take_errors()
+
+    def groups(self, actions: Sequence[Action]) -> list[int]:
+        return action_groups(actions, self._owner)
 
     def in_flight(self) -> InFlight:
         """(GPUs, models) with work under way (the contract in ``protocols.py``).
