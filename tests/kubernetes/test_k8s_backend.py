@@ -219,3 +219,38 @@ def _plan(desired):
     from k8s_helpers import plan
 
     return plan(desired)
+
+
+def test_a_pod_keeps_its_instance_and_a_new_pod_takes_the_planners_if_free(fake, backends):
+    # two A100s of 7 x 1g each; no API says which instance a pod got, so the inventory places it
+    fake.put_object(gpu_node("node-a", {"1g.10gb": 14}, gpus=2))
+    fake.put_object(pod("resnet-m", "node-a", profile="1g.10gb"))
+    be = backends()
+    caught_up(be, fake)
+    where = {r.id: (r.gpu, r.start) for r in be.snapshot().replicas}
+    assert where == {"resnet-m": ("node-a/0", 0)}
+    # a new pod whose name sorts first does not move the old one (given afresh, it would take
+    # node-a/0@0 and push resnet-m along: the planner would see a replica move)
+    fake.put_object(pod("resnet-a", "node-a", profile="1g.10gb"))
+    caught_up(be, fake)
+    where = {r.id: (r.gpu, r.start) for r in be.snapshot().replicas}
+    assert where["resnet-m"] == ("node-a/0", 0) and where["resnet-a"] == ("node-a/0", 1)
+    # the planner meant the next one for node-a/1@3: free there, so that is where it is shown
+    be.workloads.spot_hints["resnet-z"] = ("node-a/1", 3)
+    fake.put_object(pod("resnet-z", "node-a", profile="1g.10gb"))
+    caught_up(be, fake)
+    where = {r.id: (r.gpu, r.start) for r in be.snapshot().replicas}
+    assert where["resnet-z"] == ("node-a/1", 3)
+    # a hint for an instance already taken falls back to the first free one
+    be.workloads.spot_hints["resnet-b"] = ("node-a/0", 0)
+    fake.put_object(pod("resnet-b", "node-a", profile="1g.10gb"))
+    caught_up(be, fake)
+    where = {r.id: (r.gpu, r.start) for r in be.snapshot().replicas}
+    assert where["resnet-b"] == ("node-a/0", 2) and where["resnet-m"] == ("node-a/0", 0)
+    # a pod that goes frees its instance; the others stay where they were
+    fake.remove_now(fake.key_of(fake.get("Pod", "resnet-m")))
+    fake.put_object(pod("resnet-c", "node-a", profile="1g.10gb"))
+    caught_up(be, fake)
+    after = {r.id: (r.gpu, r.start) for r in be.snapshot().replicas}
+    assert after["resnet-c"] == ("node-a/0", 0)
+    assert all(after[k] == where[k] for k in ("resnet-a", "resnet-b", "resnet-z"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpu_operator import gpu_node
 from k8s_helpers import act, caught_up, wait_until
 
@@ -127,8 +129,8 @@ def test_new_pods_land_on_the_nodes_the_planner_chose(cluster, backends):
     cluster.add_nodes(3, {"1g.10gb": 7})  # equal nodes: left alone, the scheduler would pick node-2
     be = backends([MODEL])
     caught_up(be, fake)
-    be.apply([act("create", "resnet", gpu="node-0/0"), act("create", "resnet", gpu="node-0/0"),
-              act("create", "resnet", gpu="node-1/0")])
+    be.apply([replace(act("create", "resnet", gpu="node-0/0"), start=5), replace(act("create", "resnet", gpu="node-0/0"), start=3),
+              replace(act("create", "resnet", gpu="node-1/0"), start=6)])
     wait_until(lambda: capacity(be) == 3 * 58, 10, "three Ready pods")
     pods = fake.list("Pod")
     assert sorted(p["spec"]["nodeName"] for p in pods) == ["node-0", "node-0", "node-1"]
@@ -136,6 +138,8 @@ def test_new_pods_land_on_the_nodes_the_planner_chose(cluster, backends):
     keys = [e["key"] for e in terms[0]["matchExpressions"]]
     assert keys == ["nvidia.com/gpu.product", "kubernetes.io/hostname"]  # the product rule kept, the node added
     assert all("schedulingGates" not in p["spec"] for p in pods)
+    # no API says which instance a pod got: the snapshot shows each where the planner put it
+    assert sorted((r.gpu, r.start) for r in be.snapshot().replicas) == [("node-0/0", 3), ("node-0/0", 5), ("node-1/0", 6)]
     # a pod nobody placed (the ReplicaSet replacing a deleted one) is let go as it is
     fake.remove_now(fake.key_of(pods[0]))
     wait_until(lambda: capacity(be) == 3 * 58 and len(fake.list("Pod")) == 3, 10, "the replacement")

@@ -81,7 +81,7 @@ class KubernetesBackend:
         self.caches = caches or make_caches(rest, cfg, watch_timeout_s=watch_timeout_s, all_namespaces=all_namespaces)
         self.recorder = EventRecorder(rest, self.clock, instance=identity, namespace=cfg.namespace)
         self.workloads = Workloads(rest, cfg, self.clock, self.caches, self._event)
-        self.inventory = KubeInventory(cfg, self.caches.nodes, self.caches.pods)
+        self.inventory = KubeInventory(cfg, self.caches.nodes, self.caches.pods, self.workloads.spot_hints)
         self.repartitioner = Repartitioner(
             rest, cfg, self.clock, self.caches.nodes, self.caches.pods, workloads=self.workloads,
             free_elsewhere=self._free_elsewhere, identity=identity, event=self._event,

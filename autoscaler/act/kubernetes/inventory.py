@@ -14,7 +14,13 @@ starts do not matter on Kubernetes, where the device plugin picks the instance.
 
 Pods labelled ``app.kubernetes.io/managed-by: migscale`` become replicas; a
 multinode group is one replica (its leader, worker-index 0). A pod bound to
-a node takes the first free instance of its profile there. A pod not yet
+a node keeps the instance it was given in an earlier snapshot, as long as
+the node still has it; a new one takes the instance the planner chose for
+it (``hints``, recorded when its placement gate is lifted) if that is free,
+else the first free instance of its profile there. Positions must be stable:
+given afresh each snapshot, one new pod whose name sorts first moved every
+other pod of its node, and the planner, seeing replicas move between GPUs,
+kept consolidating GPUs that were only emptied on paper. A pod not yet
 bound takes a free instance wherever one is left -- the scheduler will put
 it on one -- and is STARTING; if no instance of its profile is free
 anywhere it can never start, and it is FAILED, so the planner replaces it
@@ -28,6 +34,7 @@ which keeps a 1,000-node snapshot cheap.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from autoscaler.act.kubernetes.informer import Informer
@@ -157,6 +164,12 @@ def pod_state(pod: Obj) -> ReplicaState:
     return ReplicaState.READY if is_ready(pod) else ReplicaState.STARTING
 
 
+def _holds(by_id: dict[str, GpuState], node: str, spot: tuple[str, int], profile: str) -> bool:
+    """Whether GPU ``spot[0]`` is on ``node`` and has an instance of ``profile`` at start ``spot[1]``."""
+    g = by_id.get(spot[0])
+    return g is not None and g.node == node and any(p.start == spot[1] and p.profile == profile for p in g.layout)
+
+
 def pod_profile(pod: Obj) -> str:
     return ((pod["metadata"].get("labels") or {}).get(PROFILE_LABEL) or "").replace("_", "+")
 
@@ -164,11 +177,14 @@ def pod_profile(pod: Obj) -> str:
 class KubeInventory:
     """``Inventory.snapshot()`` for a cluster with the GPU Operator (MIG mixed strategy), from informers."""
 
-    def __init__(self, cfg: RenderConfig, nodes: Informer, pods: Informer) -> None:
+    def __init__(self, cfg: RenderConfig, nodes: Informer, pods: Informer,
+                 hints: Mapping[str, tuple[str, int]] | None = None) -> None:
         self.cfg = cfg
         self.nodes = nodes
         self.pods = pods
+        self.hints = hints if hints is not None else {}  # pod -> (gpu, start) the planner chose for it
         self._gpus: dict[str, tuple[str, list[GpuState]]] = {}  # node -> (resourceVersion, its GPUs)
+        self._spots: dict[str, tuple[str, int]] = {}  # bound pod -> the instance the last snapshot gave it
 
     def gpus(self) -> list[GpuState]:
         out: list[GpuState] = []
@@ -194,7 +210,17 @@ class KubeInventory:
         replicas: list[Replica] = []
         reserved: dict[str, str] = {}
         unbound: list[Obj] = []
-        for pod in sorted(self.pods.items(), key=lambda p: p["metadata"]["name"]):
+        pods = sorted(self.pods.items(), key=lambda p: p["metadata"]["name"])
+        by_id = {g.id: g for g in gpus}
+        spots: dict[str, tuple[str, int]] = {}
+        # first the pods that keep their instance, so a new pod never takes one from them
+        for pod in pods:
+            name, node = pod["metadata"]["name"], (pod.get("spec") or {}).get("nodeName") or ""
+            old = self._spots.get(name)
+            if node and old is not None and old not in taken and _holds(by_id, node, old, pod_profile(pod)):
+                taken.add(old)
+                spots[name] = old
+        for pod in pods:
             meta = pod["metadata"]
             lbls = meta.get("labels") or {}
             model = lbls.get(MODEL_LABEL) or ""
@@ -210,13 +236,13 @@ class KubeInventory:
             if not node:
                 unbound.append(pod)
                 continue
-            gpu, start = f"{node}/0", -1
-            for g in by_node.get(node, []):  # the first free instance of this profile
-                hit = next((p for p in g.layout if p.profile == profile and (g.id, p.start) not in taken), None)
-                if hit is not None:
-                    taken.add((g.id, hit.start))
-                    gpu, start = g.id, hit.start
-                    break
+            spot = spots.get(meta["name"])
+            if spot is None:
+                spot = self._new_spot(meta["name"], node, profile, by_node, by_id, taken)
+                if spot is not None:
+                    taken.add(spot)
+                    spots[meta["name"]] = spot
+            gpu, start = spot if spot is not None else (f"{node}/0", -1)
             replicas.append(Replica(meta["name"], model, profile, gpu, start, pod_state(pod)))
         for pod in unbound:
             meta = pod["metadata"]
@@ -232,6 +258,19 @@ class KubeInventory:
                 taken.add(spot)
             replicas.append(Replica(meta["name"], (meta.get("labels") or {}).get(MODEL_LABEL) or "", profile,
                                     spot[0], spot[1], state))
+        self._spots = spots  # the pods gone (or unbound) are forgotten with it
         if reserved:
             gpus = [GpuState(**{**g.__dict__, "reserved_by": reserved[g.id]}) if g.id in reserved else g for g in gpus]
         return ClusterState(gpus=tuple(gpus), replicas=tuple(replicas))
+
+    def _new_spot(self, pod: str, node: str, profile: str, by_node: dict[str, list[GpuState]],
+                  by_id: dict[str, GpuState], taken: set[tuple[str, int]]) -> tuple[str, int] | None:
+        """A newly seen bound pod's instance: the planner's choice if free on its node, else the first free one."""
+        hint = self.hints.get(pod)
+        if hint is not None and hint not in taken and _holds(by_id, node, hint, profile):
+            return hint
+        for g in by_node.get(node, []):
+            hit = next((p for p in g.layout if p.profile == profile and (g.id, p.start) not in taken), None)
+            if hit is not None:
+                return (g.id, hit.start)
+        return None

@@ -280,7 +280,8 @@ class Rollout:
                     chain.targets[key] = old
                     return DONE
             nodes = [node_of(g) for g in step.gpus][:n] if step.profile != WHOLE else []
-            self.workloads.place(spec.name, step.profile, nodes)  # before the pods exist: the watch may be quick
+            spots = [(a.gpu, a.start) if a.gpu is not None and a.start is not None else None for a in step.acts][:n]
+            self.workloads.place(spec.name, step.profile, nodes, spots)  # before the pods exist: the watch may be quick
             try:
                 self.workloads.scale(spec, step.profile, old + n, step.reason.value)
             except KubeError:

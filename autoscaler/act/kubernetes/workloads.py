@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -85,6 +85,7 @@ WRITE_FRESH_S = 10.0
 UNPIN_AFTER_S = 30.0
 UNPIN_PER_PASS = 20  # deletes per pass: a burst of them is a burst of ReplicaSet creates
 PLACEMENT_TTL_S = 60.0  # a placement no pod claimed within a minute is stale (the ReplicaSet acts in seconds)
+MAX_SPOT_HINTS = 10_000  # instance hints kept (oldest dropped): a few per pod the fleet creates in a minute
 
 
 @dataclass
@@ -150,7 +151,11 @@ class Workloads:
     _written: dict[str, tuple[int, float]] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)
     _monitor_done: bool = False
-    _placements: dict[str, deque[tuple[str, float]]] = field(default_factory=dict)  # workload -> (node, when)
+    # workload -> (node, the planner's instance there or None, when)
+    _placements: dict[str, deque[tuple[str, tuple[str, int] | None, float]]] = field(default_factory=dict)
+    # pod -> the instance the planner meant for it ((gpu, start)): where the inventory puts it while that
+    # instance is free, since no API says which instance the device plugin gave it (``inventory.py``)
+    spot_hints: OrderedDict[str, tuple[str, int]] = field(default_factory=OrderedDict)
     _ungated: dict[str, float] = field(default_factory=dict)  # pod -> when its gate was lifted (cache lag)
     _gate_lock: threading.Lock = field(default_factory=threading.Lock)  # the tick and the pod watch both ungate
     _pinned: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # pod -> (node, profile, when)
@@ -314,12 +319,15 @@ class Workloads:
             raise
         return True
 
-    def place(self, model: str, profile: str, nodes: list[str | None]) -> None:
-        """Where the next pods of a workload go (one node per pod, in creation order)."""
+    def place(self, model: str, profile: str, nodes: list[str | None],
+              spots: list[tuple[str, int] | None] | None = None) -> None:
+        """Where the next pods of a workload go (one node per pod, in creation order), and on each node
+        the instance the planner chose (``spots``, (gpu, start); a hint for the inventory only)."""
         now = self.clock.now()
+        spots = spots or []
         with self._gate_lock:
             q = self._placements.setdefault(workload_name(model, profile), deque(maxlen=1000))
-            q.extend((n or "", now) for n in nodes)
+            q.extend((n or "", spots[i] if i < len(spots) else None, now) for i, n in enumerate(nodes))
 
     def unplace(self, model: str, profile: str, n: int) -> None:
         """Take back the last ``n`` placements (the scale write that would have made their pods failed)."""
@@ -412,9 +420,9 @@ class Workloads:
         for pod in sorted(gated, key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"])):
             lbls = pod["metadata"].get("labels") or {}
             q = self._placements.get(workload_name(lbls.get(MODEL_LABEL, ""), pod_profile(pod)))
-            while q and now - q[0][1] > PLACEMENT_TTL_S:
+            while q and now - q[0][2] > PLACEMENT_TTL_S:
                 q.popleft()  # a placement no pod came for (the size went down again meanwhile)
-            node = q.popleft()[0] if q else ""
+            node, spot, _t = q.popleft() if q else ("", None, now)
             live = self.caches.nodes.get(node) if node else None
             profile = pod_profile(pod)
             alloc = int(((live or {}).get("status") or {}).get("allocatable", {}).get(f"nvidia.com/mig-{profile}", 0) or 0)
@@ -431,6 +439,10 @@ class Workloads:
             if node:
                 self._pinned[pod["metadata"]["name"]] = (node, profile, now)
                 taken[(node, profile)] = taken.get((node, profile), 0) + 1
+                if spot is not None:
+                    self.spot_hints[pod["metadata"]["name"]] = spot
+                    while len(self.spot_hints) > MAX_SPOT_HINTS:
+                        self.spot_hints.popitem(last=False)  # the oldest: its pod is long placed, or gone
         return todo
 
     def sweep(self, busy: set[str]) -> list[str]:
