@@ -219,3 +219,25 @@ def _plan(desired):
     from k8s_helpers import plan
 
     return plan(desired)
+
+
+def test_the_standalone_api_reads_the_cluster_from_informers(fake, connect):
+    from autoscaler.commands.api import kube_snapshot
+
+    fake.put_object(gpu_node("node-a", {"1g.10gb": 7}))
+    fake.put_object(pod("resnet-a", "node-a", profile="1g.10gb"))
+    snapshot, close = kube_snapshot(connect(), NS)
+    try:
+        def seen() -> bool:
+            try:
+                return [r.id for r in snapshot().replicas] == ["resnet-a"]
+            except KubeError as exc:
+                assert "not synced" in str(exc)  # before the first list: an error, never an empty cluster
+                return False
+
+        wait_until(seen, what="the pod in the api's snapshot")
+        assert [g.id for g in snapshot().gpus] == ["node-a/0"]
+        fake.put_object(pod("resnet-b", "node-a", profile="1g.10gb"))
+        wait_until(lambda: len(snapshot().replicas) == 2, what="the watch brings the new pod")
+    finally:
+        close()
