@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -101,14 +102,11 @@ def _feeder(state: Any, models_cfg: Any, cluster_cfg: Any, prometheus: str, inve
 
     cfg = policy_config(models_cfg, cluster_cfg)
     source = PrometheusSource(prometheus, metrics_stale_s=cfg.metrics_stale_s)
+    close: Callable[[], None] = lambda: None
     if inventory == "kubernetes":
         from autoscaler.act.kubernetes.client import KubeRest
-        from autoscaler.act.kubernetes.inventory import KubeInventory
-        from autoscaler.act.kubernetes.render import RenderConfig
 
-        kube = KubeInventory(KubeRest.connect(user_agent="migscale-api"),
-                             RenderConfig(namespace=cluster_cfg.namespace))
-        snapshot = kube.snapshot
+        snapshot, close = kube_snapshot(KubeRest.connect(user_agent="migscale-api"), cluster_cfg.namespace)
     else:
         static = initial_cluster_state(cluster_cfg)
 
@@ -118,9 +116,47 @@ def _feeder(state: Any, models_cfg: Any, cluster_cfg: Any, prometheus: str, inve
     driver = Driver(_Feeder(state, cfg, source, snapshot), WallClock(), tick_s=cfg.tick_s)
     state.max_age_s = driver.max_snapshot_age_s
     state.health = driver.health
-    th = threading.Thread(target=driver.run, args=(stop,), name="migscale-api-feeder", daemon=True)
+
+    def run() -> None:
+        try:
+            driver.run(stop)
+        finally:
+            close()
+
+    th = threading.Thread(target=run, name="migscale-api-feeder", daemon=True)
     th.start()
     return th
+
+
+def kube_snapshot(rest: Any, namespace: str) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """(snapshot, close): the cluster from Node and Pod informers, as the controller reads it.
+
+    Until both caches have listed, a snapshot raises (the tick fails and the
+    API stays not ready) rather than describing an empty cluster.
+    """
+    from autoscaler.act.kubernetes.client import KubeError
+    from autoscaler.act.kubernetes.inventory import KubeInventory
+    from autoscaler.act.kubernetes.render import RenderConfig
+    from autoscaler.act.kubernetes.workloads import make_caches
+
+    cfg = RenderConfig(namespace=namespace)
+    caches = make_caches(rest, cfg)
+    informers = (caches.nodes, caches.pods)  # the inventory reads only these
+    for i in informers:
+        i.start()
+    inv = KubeInventory(cfg, caches.nodes, caches.pods)
+
+    def snapshot() -> Any:
+        if not all(i.synced for i in informers):
+            raise KubeError(0, "Node and Pod caches not synced yet")
+        return inv.snapshot()
+
+    def close() -> None:
+        for i in informers:
+            i.stop()
+        rest.close()
+
+    return snapshot, close
 
 
 def register(app: typer.Typer) -> None:

@@ -254,3 +254,25 @@ def test_a_pod_keeps_its_instance_and_a_new_pod_takes_the_planners_if_free(fake,
     after = {r.id: (r.gpu, r.start) for r in be.snapshot().replicas}
     assert after["resnet-c"] == ("node-a/0", 0)
     assert all(after[k] == where[k] for k in ("resnet-a", "resnet-b", "resnet-z"))
+
+
+def test_the_standalone_api_reads_the_cluster_from_informers(fake, connect):
+    from autoscaler.commands.api import kube_snapshot
+
+    fake.put_object(gpu_node("node-a", {"1g.10gb": 7}))
+    fake.put_object(pod("resnet-a", "node-a", profile="1g.10gb"))
+    snapshot, close = kube_snapshot(connect(), NS)
+    try:
+        def seen() -> bool:
+            try:
+                return [r.id for r in snapshot().replicas] == ["resnet-a"]
+            except KubeError as exc:
+                assert "not synced" in str(exc)  # before the first list: an error, never an empty cluster
+                return False
+
+        wait_until(seen, what="the pod in the api's snapshot")
+        assert [g.id for g in snapshot().gpus] == ["node-a/0"]
+        fake.put_object(pod("resnet-b", "node-a", profile="1g.10gb"))
+        wait_until(lambda: len(snapshot().replicas) == 2, what="the watch brings the new pod")
+    finally:
+        close()
