@@ -256,6 +256,25 @@ def test_a_pod_keeps_its_instance_and_a_new_pod_takes_the_planners_if_free(fake,
     assert all(after[k] == where[k] for k in ("resnet-a", "resnet-b", "resnet-z"))
 
 
+def test_a_new_pod_takes_its_planned_instance_from_a_pod_on_its_way_out(fake, backends):
+    # a move on Kubernetes creates the new pod before the old one goes: the planner's instance
+    # for the new pod is still held by the leaving one, and which one holds what is not known
+    fake.put_object(gpu_node("node-a", {"1g.10gb": 7}))
+    fake.put_object(pod("resnet-old", "node-a", profile="1g.10gb"))
+    be = backends()
+    caught_up(be, fake)
+    assert {r.id: (r.gpu, r.start) for r in be.snapshot().replicas} == {"resnet-old": ("node-a/0", 0)}
+    leaving = fake.get("Pod", "resnet-old")
+    leaving["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
+    fake.put_object(leaving)
+    be.workloads.spot_hints["resnet-new"] = ("node-a/0", 0)
+    fake.put_object(pod("resnet-new", "node-a", profile="1g.10gb"))
+    caught_up(be, fake)
+    reps = {r.id: r for r in be.snapshot().replicas}
+    assert (reps["resnet-new"].gpu, reps["resnet-new"].start) == ("node-a/0", 0)
+    assert reps["resnet-old"].state is ReplicaState.DRAINING and reps["resnet-old"].start != 0
+
+
 def test_the_standalone_api_reads_the_cluster_from_informers(fake, connect):
     from autoscaler.commands.api import kube_snapshot
 

@@ -83,6 +83,7 @@ def test_a_repartition_moves_one_step_per_tick_and_never_empties_the_model(clust
     steps = [s.split()[0] for s in be.repartitioner.log]
     assert steps[:3] == ["config", "cordon", "surge"] and steps[-2:] == ["unsurge", "uncordon"], steps
     assert be.snapshot().gpu("node-a/0").layout == TARGET
+    assert be.inventory.configs[name] == be.repartitioner.configs[name]  # the inventory reads what was written
     assert be.recorder.flush()
     reasons = [e["reason"] for e in fake.list("Event") if e["regarding"]["kind"] == "Node"]
     assert reasons == ["RepartitionStarted", "RepartitionSucceeded"]
@@ -255,3 +256,27 @@ def test_a_pass_over_many_nodes_stops_at_its_budget_and_the_next_starts_where_it
     r.pass_budget_s = None
     r.advance()
     assert seen == names  # ...and without a budget every node is taken, in order
+
+
+def test_each_gpu_shows_the_layout_its_applied_config_gives_it():
+    from autoscaler.act.kubernetes.inventory import applied_layouts
+    from autoscaler.act.kubernetes.migparted import mig_config_entry, mig_config_name
+    from autoscaler.mig.products import get_product
+
+    a100 = get_product("A100-SXM4-80GB")
+    # GPU 0 stays 3g+3g, GPU 1 is cut to 7 x 1g: the node's totals alone would be spread
+    # biggest first (3g, 3g, then 1g ... from GPU 0 on), moving instances between GPUs
+    lay0 = (Placement(0, "3g.40gb"), Placement(4, "3g.40gb"))
+    lay1 = tuple(Placement(i, "1g.10gb") for i in range(7))
+    entry = mig_config_entry([lay0, lay1])
+    name = mig_config_name(entry)
+    node = gpu_node("node-a", {"3g.40gb": 2, "1g.10gb": 7}, gpus=2, config=name)
+    counts = Counter({"3g.40gb": 2, "1g.10gb": 7})
+    got = applied_layouts(node, a100, 2, counts, {name: entry})
+    assert [sorted(p.profile for p in lay) for lay in got] == [["3g.40gb", "3g.40gb"], ["1g.10gb"] * 7]
+    # not applied yet, or not ours, or not matching what the node reports: not used
+    node["metadata"]["labels"][MIG_STATE_LABEL] = "pending"
+    assert applied_layouts(node, a100, 2, counts, {name: entry}) is None
+    node["metadata"]["labels"][MIG_STATE_LABEL] = "success"
+    assert applied_layouts(node, a100, 2, counts, {}) is None
+    assert applied_layouts(node, a100, 2, Counter({"3g.40gb": 2, "1g.10gb": 6}), {name: entry}) is None

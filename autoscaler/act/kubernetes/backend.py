@@ -81,13 +81,14 @@ class KubernetesBackend:
         self.caches = caches or make_caches(rest, cfg, watch_timeout_s=watch_timeout_s, all_namespaces=all_namespaces)
         self.recorder = EventRecorder(rest, self.clock, instance=identity, namespace=cfg.namespace)
         self.workloads = Workloads(rest, cfg, self.clock, self.caches, self._event)
-        self.inventory = KubeInventory(cfg, self.caches.nodes, self.caches.pods, self.workloads.spot_hints)
         self.repartitioner = Repartitioner(
             rest, cfg, self.clock, self.caches.nodes, self.caches.pods, workloads=self.workloads,
             free_elsewhere=self._free_elsewhere, identity=identity, event=self._event,
             drain_timeout_s=drain_timeout_s, config_timeout_s=config_timeout_s, retry_after_s=retry_after_s,
             pass_budget_s=pass_budget_s,
         )
+        self.inventory = KubeInventory(cfg, self.caches.nodes, self.caches.pods, self.workloads.spot_hints,
+                                      self.repartitioner.configs)
         self.rollout = Rollout(self.workloads, self.repartitioner, self.clock, cannot_start=self._cannot_start,
                                ready_timeout_s=ready_timeout_s, pass_budget_s=pass_budget_s)
         self.apply_calls: deque[str] = deque(maxlen=500)  # what was written, newest last
@@ -105,6 +106,9 @@ class KubernetesBackend:
     def start(self) -> None:
         self.caches.start()
         wait_all_synced(self.caches.all(), self.sync_timeout_s)
+        err = self.repartitioner.load_configs()  # which GPU holds which instances (inventory.py)
+        if err:
+            self._late.append(err)
 
     def close(self) -> None:
         self.recorder.close()
@@ -181,8 +185,12 @@ class KubernetesBackend:
         return out
 
     def start_leading(self) -> None:
-        """Bring live workloads to the current templates (an upgrade, a changed image); errors reported late."""
+        """Bring live workloads to the current templates (an upgrade, a changed image), and read the configs
+        the last leader wrote since this replica started; errors reported late."""
         self._late.extend(self.workloads.reconcile_templates())
+        err = self.repartitioner.load_configs()
+        if err:
+            self._late.append(err)
 
     def stop_leading(self) -> None:
         self.rollout.reset()

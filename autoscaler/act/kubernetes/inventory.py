@@ -5,19 +5,27 @@ GPU feature discovery and the MIG manager describe each node in labels:
 ``nvidia.com/mig.strategy``, ``nvidia.com/mig-<profile>.count`` and
 ``nvidia.com/mig.config(.state)``; the device plugin publishes allocatable
 ``nvidia.com/mig-<profile>``. None of them says *where* on a GPU an instance
-sits or which GPU of a multi-GPU node holds it, so the layout is
-reconstructed: counts per node are spread over its GPUs largest profile first,
-each at the start ``best_start`` would pick: {3g.40gb: 1, 2g.20gb: 1,
-1g.10gb: 2} on one A100 becomes 1g@0, 1g@1, 2g@2, 3g@4. The planner needs
-*a* valid layout with the right counts to decide what still fits; the real
-starts do not matter on Kubernetes, where the device plugin picks the instance.
+sits or which GPU of a multi-GPU node holds it. Which GPU holds what is read
+from the mig-parted config the node's ``mig.config`` label names -- migscale
+wrote it (``repartition.py``), per device index -- once mig-manager reports
+it applied and its totals match the node's. Otherwise, and for a node cut by
+someone else's config, counts per node are spread over its GPUs largest
+profile first. Within a GPU each instance sits at the start ``best_start``
+would pick: {3g.40gb: 1, 2g.20gb: 1, 1g.10gb: 2} on one A100 becomes 1g@0,
+1g@1, 2g@2, 3g@4. The planner needs *a* valid layout with the right counts to
+decide what still fits; the real starts do not matter on Kubernetes, where
+the device plugin picks the instance. Which GPU holds what does matter:
+spread from the node's totals, a repartition of one GPU reshuffled the layouts of its neighbours,
+every pod on them was shown elsewhere, and the planner consolidated again.
 
 Pods labelled ``app.kubernetes.io/managed-by: migscale`` become replicas; a
 multinode group is one replica (its leader, worker-index 0). A pod bound to
 a node keeps the instance it was given in an earlier snapshot, as long as
 the node still has it; a new one takes the instance the planner chose for
-it (``hints``, recorded when its placement gate is lifted) if that is free,
-else the first free instance of its profile there. Positions must be stable:
+it (``hints``, recorded when its placement gate is lifted) if no live pod
+holds it -- a pod on its way out yields it, since which physical instance
+each holds is not known and the planner's move freed it on purpose -- else
+the first free instance of its profile there. Positions must be stable:
 given afresh each snapshot, one new pod whose name sorts first moved every
 other pod of its node, and the planner, seeing replicas move between GPUs,
 kept consolidating GPUs that were only emptied on paper. A pod not yet
@@ -27,8 +35,8 @@ anywhere it can never start, and it is FAILED, so the planner replaces it
 (typically after a repartition) instead of waiting for it forever.
 
 Both caches are informers (``informer.py``): a snapshot reads memory only.
-The GPUs of a node are rebuilt only when the node's resourceVersion changes,
-which keeps a 1,000-node snapshot cheap.
+The GPUs of a node are rebuilt only when the node's resourceVersion changes
+(or its config becomes known), which keeps a 1,000-node snapshot cheap.
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ from autoscaler.act.kubernetes.render import (
     GFD_TO_PRODUCT,
     GPU_PRODUCT_LABEL,
     LWS_WORKER_INDEX,
+    MIG_CONFIG_LABEL,
+    MIG_STATE_LABEL,
     MODEL_LABEL,
     PROFILE_LABEL,
     WHOLE,
@@ -118,7 +128,30 @@ def spread(product: Product, counts: Counter[str], gpus: int) -> list[tuple[Plac
     return [tuple(sorted(lay)) for lay in layouts]
 
 
-def node_gpus(node: Obj, cfg: RenderConfig) -> list[GpuState]:
+def applied_layouts(node: Obj, product: Product, count: int, counts: Counter[str],
+                    configs: Mapping[str, Any]) -> list[tuple[Placement, ...]] | None:
+    """Per-GPU layouts from the mig-parted config the node's label names, once mig-manager has
+    applied it (``mig.config.state=success``) and its totals match the node's: the config says
+    which GPU holds which instances, where the node's counts alone do not (None: not known)."""
+    lbls = node["metadata"].get("labels") or {}
+    entry = configs.get(lbls.get(MIG_CONFIG_LABEL) or "")
+    if not entry or lbls.get(MIG_STATE_LABEL) != "success":
+        return None
+    per: list[Counter[str] | None] = [None] * count
+    try:
+        for group in entry:
+            for idx in group.get("devices") or []:
+                if not 0 <= int(idx) < count:
+                    return None
+                per[int(idx)] = Counter(group.get("mig-devices") or {}) if group.get("mig-enabled") else Counter()
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if any(c is None for c in per) or sum((c for c in per if c), Counter()) != counts:
+        return None
+    return [spread(product, c, 1)[0] if c else () for c in per]
+
+
+def node_gpus(node: Obj, cfg: RenderConfig, configs: Mapping[str, Any] | None = None) -> list[GpuState]:
     meta = node["metadata"]
     lbls = meta.get("labels") or {}
     product = product_of(lbls.get(GPU_PRODUCT_LABEL))
@@ -132,7 +165,8 @@ def node_gpus(node: Obj, cfg: RenderConfig) -> list[GpuState]:
     mig_enabled = bool(counts) or (
         lbls.get("nvidia.com/mig.strategy") in ("mixed", "single") and _int(alloc.get("nvidia.com/gpu"), 0) == 0
     )
-    layouts = spread(product, counts, count) if counts else [()] * count
+    layouts = (applied_layouts(node, product, count, counts, configs or {}) if counts else None) or (
+        spread(product, counts, count) if counts else [()] * count)
     return [
         GpuState(id=f"{meta['name']}/{i}", node=meta["name"], product=product.name,
                  layout=layouts[i] if mig_enabled else (), mig_enabled=mig_enabled, rdma=rdma,
@@ -178,11 +212,12 @@ class KubeInventory:
     """``Inventory.snapshot()`` for a cluster with the GPU Operator (MIG mixed strategy), from informers."""
 
     def __init__(self, cfg: RenderConfig, nodes: Informer, pods: Informer,
-                 hints: Mapping[str, tuple[str, int]] | None = None) -> None:
+                 hints: Mapping[str, tuple[str, int]] | None = None, configs: Mapping[str, Any] | None = None) -> None:
         self.cfg = cfg
         self.nodes = nodes
         self.pods = pods
         self.hints = hints if hints is not None else {}  # pod -> (gpu, start) the planner chose for it
+        self.configs = configs if configs is not None else {}  # mig-parted config name -> entry
         self._gpus: dict[str, tuple[str, list[GpuState]]] = {}  # node -> (resourceVersion, its GPUs)
         self._spots: dict[str, tuple[str, int]] = {}  # bound pod -> the instance the last snapshot gave it
 
@@ -192,9 +227,10 @@ class KubeInventory:
         for node in self.nodes.items():
             name, rv = node["metadata"]["name"], node["metadata"].get("resourceVersion", "")
             seen.add(name)
+            key = f"{rv}/{(node['metadata'].get('labels') or {}).get(MIG_CONFIG_LABEL, '') in self.configs}"
             hit = self._gpus.get(name)
-            if hit is None or hit[0] != rv:
-                hit = (rv, node_gpus(node, self.cfg))
+            if hit is None or hit[0] != key:
+                hit = (key, node_gpus(node, self.cfg, self.configs))
                 self._gpus[name] = hit
             out.extend(hit[1])
         for gone in set(self._gpus) - seen:
@@ -212,14 +248,7 @@ class KubeInventory:
         unbound: list[Obj] = []
         pods = sorted(self.pods.items(), key=lambda p: p["metadata"]["name"])
         by_id = {g.id: g for g in gpus}
-        spots: dict[str, tuple[str, int]] = {}
-        # first the pods that keep their instance, so a new pod never takes one from them
-        for pod in pods:
-            name, node = pod["metadata"]["name"], (pod.get("spec") or {}).get("nodeName") or ""
-            old = self._spots.get(name)
-            if node and old is not None and old not in taken and _holds(by_id, node, old, pod_profile(pod)):
-                taken.add(old)
-                spots[name] = old
+        spots = self._place_bound(pods, by_node, by_id, taken)
         for pod in pods:
             meta = pod["metadata"]
             lbls = meta.get("labels") or {}
@@ -237,11 +266,6 @@ class KubeInventory:
                 unbound.append(pod)
                 continue
             spot = spots.get(meta["name"])
-            if spot is None:
-                spot = self._new_spot(meta["name"], node, profile, by_node, by_id, taken)
-                if spot is not None:
-                    taken.add(spot)
-                    spots[meta["name"]] = spot
             gpu, start = spot if spot is not None else (f"{node}/0", -1)
             replicas.append(Replica(meta["name"], model, profile, gpu, start, pod_state(pod)))
         for pod in unbound:
@@ -263,14 +287,40 @@ class KubeInventory:
             gpus = [GpuState(**{**g.__dict__, "reserved_by": reserved[g.id]}) if g.id in reserved else g for g in gpus]
         return ClusterState(gpus=tuple(gpus), replicas=tuple(replicas))
 
-    def _new_spot(self, pod: str, node: str, profile: str, by_node: dict[str, list[GpuState]],
-                  by_id: dict[str, GpuState], taken: set[tuple[str, int]]) -> tuple[str, int] | None:
-        """A newly seen bound pod's instance: the planner's choice if free on its node, else the first free one."""
-        hint = self.hints.get(pod)
-        if hint is not None and hint not in taken and _holds(by_id, node, hint, profile):
-            return hint
-        for g in by_node.get(node, []):
-            hit = next((p for p in g.layout if p.profile == profile and (g.id, p.start) not in taken), None)
-            if hit is not None:
-                return (g.id, hit.start)
-        return None
+    def _place_bound(self, pods: list[Obj], by_node: dict[str, list[GpuState]], by_id: dict[str, GpuState],
+                     taken: set[tuple[str, int]]) -> dict[str, tuple[str, int]]:
+        """The instance of each bound single-instance pod, in passes so that what the planner sees
+        stays what it planned: live pods keep theirs; new live pods take the planner's choice if free;
+        pods on their way out keep theirs where no live pod took it (which physical instance each
+        holds is not known, and the leaving one is gone soon); the rest take the first free one."""
+        bound: list[tuple[str, str, str, bool]] = []  # (pod, node, profile, leaving)
+        for pod in pods:
+            meta, node = pod["metadata"], (pod.get("spec") or {}).get("nodeName") or ""
+            lbls = meta.get("labels") or {}
+            profile = pod_profile(pod)
+            if node and LWS_WORKER_INDEX not in lbls and profile != WHOLE:
+                bound.append((meta["name"], node, profile, bool(meta.get("deletionTimestamp"))))
+        spots: dict[str, tuple[str, int]] = {}
+
+        def claim(name: str, node: str, profile: str, spot: tuple[str, int] | None) -> None:
+            if spot is not None and spot not in taken and _holds(by_id, node, spot, profile):
+                taken.add(spot)
+                spots[name] = spot
+
+        live = [b for b in bound if not b[3]]
+        for name, node, profile, _ in live:
+            claim(name, node, profile, self._spots.get(name))
+        for name, node, profile, _ in live:
+            if name not in spots:
+                claim(name, node, profile, self.hints.get(name))
+        for name, node, profile, leaving in bound:
+            if leaving:
+                claim(name, node, profile, self._spots.get(name))
+        for name, node, profile, _ in live + [b for b in bound if b[3]]:
+            if name not in spots:
+                for g in by_node.get(node, []):
+                    hit = next((p for p in g.layout if p.profile == profile and (g.id, p.start) not in taken), None)
+                    if hit is not None:
+                        claim(name, node, profile, (g.id, hit.start))
+                        break
+        return spots

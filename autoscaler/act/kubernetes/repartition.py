@@ -78,6 +78,7 @@ from autoscaler.mig.layout import Placement
 Obj = dict[str, Any]
 ANNOTATION = "migscale.io/repartition"
 CORDONED_BY = "migscale.io/cordoned"
+MAX_CONFIGS = 10_000  # mig-parted configs remembered (oldest dropped); one per distinct node layout
 DRAINING, CONFIGURING = "draining", "configuring"
 
 
@@ -132,6 +133,9 @@ class Repartitioner:
         self._surged: dict[str, set[str]] = {}  # repartition id -> workloads surged (the cache may lag our patch)
         self.log: deque[str] = deque(maxlen=500)  # steps taken, for status and tests
         self.results: dict[str, str] = {}  # repartition id -> "success" | error; bounded below
+        # mig-parted configs by name, as the ConfigMap holds them: which GPU of a node has which
+        # instances, which no label says (the inventory reads the node's applied config here)
+        self.configs: dict[str, list[Obj]] = {}
         self._evicted: dict[str, float] = {}  # pod -> when this process evicted it
 
     # ------------------------------------------------------------ reading
@@ -161,6 +165,29 @@ class Repartitioner:
 
     # ------------------------------------------------------------ writes
 
+    def load_configs(self) -> str | None:
+        """Read the mig-parted ConfigMap's configs (those an earlier leader wrote); an error line, or None."""
+        try:
+            cm = self.rest.get("v1", "ConfigMap", self.cfg.mig_parted_namespace, self.cfg.mig_parted_configmap)
+        except KubeError as exc:
+            return f"mig-parted ConfigMap: {exc}"
+        if cm is not None and owned(cm):
+            self._remember(cm)
+        return None
+
+    def _remember(self, cm: Obj) -> dict[str, Any]:
+        try:
+            doc = yaml.safe_load((cm.get("data") or {}).get("config.yaml") or "") or {}
+        except yaml.YAMLError:
+            return {}
+        configs = doc.get("mig-configs") if isinstance(doc, dict) else None
+        if not isinstance(configs, dict):
+            return {}
+        self.configs.update((k, v) for k, v in configs.items() if str(k).startswith("migscale-") and isinstance(v, list))
+        while len(self.configs) > MAX_CONFIGS:
+            self.configs.pop(next(iter(self.configs)))
+        return configs
+
     def write_config(self, entry: list[Obj]) -> str:
         name = mig_config_name(entry)
         ns, cm_name = self.cfg.mig_parted_namespace, self.cfg.mig_parted_configmap
@@ -170,8 +197,8 @@ class Repartitioner:
                 raise KubeError(409, f"ConfigMap {cm_name} is not managed by migscale")
             configs: dict[str, Any] = {}
             if cm is not None:
-                doc = yaml.safe_load((cm.get("data") or {}).get("config.yaml") or "") or {}
-                configs = doc.get("mig-configs") or {}
+                configs = self._remember(cm)
+            self.configs[name] = entry
             if configs.get(name) == entry:
                 return name
             configs[name] = entry
