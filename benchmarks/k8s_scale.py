@@ -140,7 +140,7 @@ def main() -> None:
     ap.add_argument("--warmup-ticks", type=int, default=150, help="the warm-up ends here if not settled")
     ap.add_argument("--max-ticks", type=int, default=30, help="the scale-up ends here if not settled")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--profile", type=Path, help="write cProfile stats of the steady ticks here")
+    ap.add_argument("--profile", type=Path, help="write cProfile stats of the steady ticks here, and of the scale-up's next to it (NAME-scale-up.SUFFIX)")
     ap.add_argument("--prometheus", choices=("emulated", "real"), default="emulated",
                     help="what the measured phases query: the emulation answering the queries itself (default), "
                          "or a real Prometheus scraping the emulation's per-pod Triton series (a third process "
@@ -281,7 +281,13 @@ def main() -> None:
                          "churn_budget": churn, "fast_path": fast, "spares": dict(spares)}, f)
     for k in range(0, len(names), 2):  # half the models: 2.5x their load
         factor[k] = 2.5
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
     up = run(args.max_ticks, settled)
+    if args.profile:
+        prof.disable()
+        prof.dump_stats(str(args.profile.with_name(f"{args.profile.stem}-scale-up{args.profile.suffix}")))
     rss1 = me.memory_info().rss
     left = {"chains_waiting": dict(Counter(c.why[:100] for c in be.rollout.chains)),
             "repartitions": dict(Counter(st["phase"] for st in be.repartitioner.in_progress().values())),

@@ -106,9 +106,7 @@ class KubernetesBackend:
     def start(self) -> None:
         self.caches.start()
         wait_all_synced(self.caches.all(), self.sync_timeout_s)
-        err = self.repartitioner.load_configs()  # which GPU holds which instances (inventory.py)
-        if err:
-            self._late.append(err)
+        self._load_configs()
 
     def close(self) -> None:
         self.recorder.close()
@@ -188,6 +186,10 @@ class KubernetesBackend:
         """Bring live workloads to the current templates (an upgrade, a changed image), and read the configs
         the last leader wrote since this replica started; errors reported late."""
         self._late.extend(self.workloads.reconcile_templates())
+        self._load_configs()
+
+    def _load_configs(self) -> None:
+        """The mig-parted configs written so far: which GPU holds which instances (``inventory.py``)."""
         err = self.repartitioner.load_configs()
         if err:
             self._late.append(err)

@@ -174,8 +174,10 @@ def node_gpus(node: Obj, cfg: RenderConfig, configs: Mapping[str, Any] | None = 
     mig_enabled = bool(counts) or (
         lbls.get("nvidia.com/mig.strategy") in ("mixed", "single") and _int(alloc.get("nvidia.com/gpu"), 0) == 0
     )
-    layouts = (applied_layouts(node, product, count, counts, configs or {}, starts) if counts else None) or (
-        spread(product, counts, count) if counts else [()] * count)
+    if counts:
+        layouts = applied_layouts(node, product, count, counts, configs or {}, starts) or spread(product, counts, count)
+    else:
+        layouts = [()] * count
     return [
         GpuState(id=f"{meta['name']}/{i}", node=meta["name"], product=product.name,
                  layout=layouts[i] if mig_enabled else (), mig_enabled=mig_enabled, rdma=rdma,
@@ -229,7 +231,8 @@ class KubeInventory:
         self.hints = hints if hints is not None else {}  # pod -> (gpu, start) the planner chose for it
         self.configs = configs if configs is not None else {}  # mig-parted config name -> entry
         self.starts = starts if starts is not None else {}  # node -> (config name, the planner's layouts)
-        self._gpus: dict[str, tuple[tuple[Any, ...], list[GpuState]]] = {}  # node -> (what it was built from, its GPUs)
+        # node -> ((resourceVersion, whether its config is known, the planner's starts), its GPUs)
+        self._gpus: dict[str, tuple[tuple[Any, ...], list[GpuState]]] = {}
         self._spots: dict[str, tuple[str, int]] = {}  # bound pod -> the instance the last snapshot gave it
 
     def gpus(self) -> list[GpuState]:
@@ -320,15 +323,15 @@ class KubeInventory:
                 spots[name] = spot
 
         live = [b for b in bound if not b[3]]
+        leaving = [b for b in bound if b[3]]
         for name, node, profile, _ in live:
             claim(name, node, profile, self._spots.get(name))
         for name, node, profile, _ in live:
             if name not in spots:
                 claim(name, node, profile, self.hints.get(name))
-        for name, node, profile, leaving in bound:
-            if leaving:
-                claim(name, node, profile, self._spots.get(name))
-        for name, node, profile, _ in live + [b for b in bound if b[3]]:
+        for name, node, profile, _ in leaving:
+            claim(name, node, profile, self._spots.get(name))
+        for name, node, profile, _ in live + leaving:
             if name not in spots:
                 for g in by_node.get(node, []):
                     hit = next((p for p in g.layout if p.profile == profile and (g.id, p.start) not in taken), None)
