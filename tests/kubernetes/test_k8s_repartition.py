@@ -84,6 +84,7 @@ def test_a_repartition_moves_one_step_per_tick_and_never_empties_the_model(clust
     assert steps[:3] == ["config", "cordon", "surge"] and steps[-2:] == ["unsurge", "uncordon"], steps
     assert be.snapshot().gpu("node-a/0").layout == TARGET
     assert be.inventory.configs[name] == be.repartitioner.configs[name]  # the inventory reads what was written
+    assert be.inventory.starts["node-a"] == (name, (TARGET,))  # and the starts the planner asked for
     assert be.recorder.flush()
     reasons = [e["reason"] for e in fake.list("Event") if e["regarding"]["kind"] == "Node"]
     assert reasons == ["RepartitionStarted", "RepartitionSucceeded"]
@@ -274,6 +275,17 @@ def test_each_gpu_shows_the_layout_its_applied_config_gives_it():
     counts = Counter({"3g.40gb": 2, "1g.10gb": 7})
     got = applied_layouts(node, a100, 2, counts, {name: entry})
     assert [sorted(p.profile for p in lay) for lay in got] == [["3g.40gb", "3g.40gb"], ["1g.10gb"] * 7]
+    # the starts the planner asked for are kept where they match what was applied: 3g@0 + 1g@4,5,6
+    # at canonical starts would be 1g@1,2,3 + 3g@4, with room for a 1g at 0 the real cut has not
+    lay2 = (Placement(0, "3g.40gb"), Placement(4, "1g.10gb"), Placement(5, "1g.10gb"), Placement(6, "1g.10gb"))
+    entry2 = mig_config_entry([lay0, lay2])
+    node2 = gpu_node("node-b", {"3g.40gb": 3, "1g.10gb": 3}, gpus=2, config=mig_config_name(entry2))
+    counts2 = Counter({"3g.40gb": 3, "1g.10gb": 3})
+    cfgs = {mig_config_name(entry2): entry2}
+    assert applied_layouts(node2, a100, 2, counts2, cfgs)[1] != lay2  # counts only: canonical starts
+    assert applied_layouts(node2, a100, 2, counts2, cfgs, (mig_config_name(entry2), (lay0, lay2))) == [lay0, lay2]
+    # starts recorded for another config than the node's label names are not used
+    assert applied_layouts(node2, a100, 2, counts2, cfgs, (name, (lay0, lay1)))[1] != lay2
     # not applied yet, or not ours, or not matching what the node reports: not used
     node["metadata"]["labels"][MIG_STATE_LABEL] = "pending"
     assert applied_layouts(node, a100, 2, counts, {name: entry}) is None

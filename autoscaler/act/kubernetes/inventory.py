@@ -10,8 +10,9 @@ from the mig-parted config the node's ``mig.config`` label names -- migscale
 wrote it (``repartition.py``), per device index -- once mig-manager reports
 it applied and its totals match the node's. Otherwise, and for a node cut by
 someone else's config, counts per node are spread over its GPUs largest
-profile first. Within a GPU each instance sits at the start ``best_start``
-would pick: {3g.40gb: 1, 2g.20gb: 1, 1g.10gb: 2} on one A100 becomes 1g@0,
+profile first. Within a GPU each instance sits where the planner asked
+for it when migscale cut the node (``Repartitioner.starts``), else at the
+start ``best_start`` would pick: {3g.40gb: 1, 2g.20gb: 1, 1g.10gb: 2} on one A100 becomes 1g@0,
 1g@1, 2g@2, 3g@4. The planner needs *a* valid layout with the right counts to
 decide what still fits; the real starts do not matter on Kubernetes, where
 the device plugin picks the instance. Which GPU holds what does matter:
@@ -42,7 +43,7 @@ The GPUs of a node are rebuilt only when the node's resourceVersion changes
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autoscaler.act.kubernetes.informer import Informer
@@ -129,7 +130,8 @@ def spread(product: Product, counts: Counter[str], gpus: int) -> list[tuple[Plac
 
 
 def applied_layouts(node: Obj, product: Product, count: int, counts: Counter[str],
-                    configs: Mapping[str, Any]) -> list[tuple[Placement, ...]] | None:
+                    configs: Mapping[str, Any], starts: tuple[str, Sequence[Any]] | None = None,
+                    ) -> list[tuple[Placement, ...]] | None:
     """Per-GPU layouts from the mig-parted config the node's label names, once mig-manager has
     applied it (``mig.config.state=success``) and its totals match the node's: the config says
     which GPU holds which instances, where the node's counts alone do not (None: not known)."""
@@ -148,10 +150,17 @@ def applied_layouts(node: Obj, product: Product, count: int, counts: Counter[str
         return None
     if any(c is None for c in per) or sum((c for c in per if c), Counter()) != counts:
         return None
+    if starts is not None and starts[0] == lbls.get(MIG_CONFIG_LABEL) and len(starts[1]) == count and all(
+            Counter(p.profile for p in (lay or ())) == c for lay, c in zip(starts[1], per)):
+        # the starts the planner asked for, where they match what was applied: shown at canonical
+        # starts instead, 3g@0 + 1g@4,5,6 becomes 1g@1,2,3 + 3g@4 -- room for one more 1g the real cut
+        # does not have, which the planner then cut again
+        return [tuple(sorted(lay)) if lay else () for lay in starts[1]]
     return [spread(product, c, 1)[0] if c else () for c in per]
 
 
-def node_gpus(node: Obj, cfg: RenderConfig, configs: Mapping[str, Any] | None = None) -> list[GpuState]:
+def node_gpus(node: Obj, cfg: RenderConfig, configs: Mapping[str, Any] | None = None,
+              starts: tuple[str, Sequence[Any]] | None = None) -> list[GpuState]:
     meta = node["metadata"]
     lbls = meta.get("labels") or {}
     product = product_of(lbls.get(GPU_PRODUCT_LABEL))
@@ -166,7 +175,7 @@ def node_gpus(node: Obj, cfg: RenderConfig, configs: Mapping[str, Any] | None = 
         lbls.get("nvidia.com/mig.strategy") in ("mixed", "single") and _int(alloc.get("nvidia.com/gpu"), 0) == 0
     )
     if counts:
-        layouts = applied_layouts(node, product, count, counts, configs or {}) or spread(product, counts, count)
+        layouts = applied_layouts(node, product, count, counts, configs or {}, starts) or spread(product, counts, count)
     else:
         layouts = [()] * count
     return [
@@ -214,14 +223,16 @@ class KubeInventory:
     """``Inventory.snapshot()`` for a cluster with the GPU Operator (MIG mixed strategy), from informers."""
 
     def __init__(self, cfg: RenderConfig, nodes: Informer, pods: Informer,
-                 hints: Mapping[str, tuple[str, int]] | None = None, configs: Mapping[str, Any] | None = None) -> None:
+                 hints: Mapping[str, tuple[str, int]] | None = None, configs: Mapping[str, Any] | None = None,
+                 starts: Mapping[str, tuple[str, Sequence[Any]]] | None = None) -> None:
         self.cfg = cfg
         self.nodes = nodes
         self.pods = pods
         self.hints = hints if hints is not None else {}  # pod -> (gpu, start) the planner chose for it
         self.configs = configs if configs is not None else {}  # mig-parted config name -> entry
-        # node -> ((resourceVersion, whether its config is known), its GPUs)
-        self._gpus: dict[str, tuple[tuple[str, bool], list[GpuState]]] = {}
+        self.starts = starts if starts is not None else {}  # node -> (config name, the planner's layouts)
+        # node -> ((resourceVersion, whether its config is known, the planner's starts), its GPUs)
+        self._gpus: dict[str, tuple[tuple[Any, ...], list[GpuState]]] = {}
         self._spots: dict[str, tuple[str, int]] = {}  # bound pod -> the instance the last snapshot gave it
 
     def gpus(self) -> list[GpuState]:
@@ -230,10 +241,11 @@ class KubeInventory:
         for node in self.nodes.items():
             name, rv = node["metadata"]["name"], node["metadata"].get("resourceVersion", "")
             seen.add(name)
-            key = (rv, (node["metadata"].get("labels") or {}).get(MIG_CONFIG_LABEL, "") in self.configs)
+            starts = self.starts.get(name)
+            key = (rv, (node["metadata"].get("labels") or {}).get(MIG_CONFIG_LABEL, "") in self.configs, starts)
             hit = self._gpus.get(name)
             if hit is None or hit[0] != key:
-                hit = (key, node_gpus(node, self.cfg, self.configs))
+                hit = (key, node_gpus(node, self.cfg, self.configs, starts))
                 self._gpus[name] = hit
             out.extend(hit[1])
         for gone in set(self._gpus) - seen:

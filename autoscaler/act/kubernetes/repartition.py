@@ -136,6 +136,9 @@ class Repartitioner:
         # mig-parted configs by name, as the ConfigMap holds them: which GPU of a node has which
         # instances, which no label says (the inventory reads the node's applied config here)
         self.configs: dict[str, list[Obj]] = {}
+        # node -> (config name, the per-GPU layouts the planner asked for): the config holds counts
+        # only, and the inventory shows these starts while the node's label names that config
+        self.starts: dict[str, tuple[str, tuple[tuple[Placement, ...] | None, ...]]] = {}
         self._evicted: dict[str, float] = {}  # pod -> when this process evicted it
 
     # ------------------------------------------------------------ reading
@@ -257,6 +260,7 @@ class Repartitioner:
             target.update(p.profile for p in lay or ())
         name = self.write_config(entry)
         self.log.append(f"config {name}")
+        self.starts[node_name] = (name, tuple(tuple(lay) if lay is not None else None for lay in gpu_layouts))
         meta = node["metadata"]
         lbls = meta.get("labels") or {}
         before = allocatable_mig(node)
