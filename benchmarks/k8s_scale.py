@@ -51,6 +51,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -222,6 +223,25 @@ def main() -> None:
     timed(be, "apply", "apply")  # this tick's actions: API writes
     timed(be, "advance", "advance")  # rollouts and repartitions under way: API writes
     timed(ctl, "publish", "publish")  # the metrics API's snapshot
+    # what ``advance`` spends, by writer (each nested in advance_s)
+    timed(be.repartitioner, "advance", "advance_repartition")
+    timed(be.rollout, "advance", "rollout_pass")  # in advance and in apply (submit's pass)
+    timed(be.workloads, "unpin", "advance_unpin")
+    timed(be.workloads, "sweep", "advance_sweep")
+    timed(be.workloads, "ungate", "ungate")  # in advance, and per new pod in the Pod informer's thread
+
+    def thread_cpu() -> dict[str, float]:
+        """CPU seconds so far by thread kind (the informers' threads, the lease's, the main loop...)."""
+        names = {t.native_id: t.name.split(":")[0] for t in threading.enumerate()}
+        out: dict[str, float] = {}
+        for t in me.threads():
+            k = names.get(t.id, "other")
+            out[k] = out.get(k, 0.0) + t.user_time + t.system_time
+        return out
+
+    def cpu_since(before: dict[str, float]) -> dict[str, float]:
+        now = thread_cpu()
+        return {k: round(v - before.get(k, 0.0), 2) for k, v in sorted(now.items()) if v - before.get(k, 0.0) >= 0.01}
 
     def run(ticks: int, until=None) -> list[dict]:
         out = []
@@ -268,7 +288,11 @@ def main() -> None:
 
         prof = cProfile.Profile()
         prof.enable()
+    cpu0 = thread_cpu()
+    falls = [be.workloads.placement_fallbacks]
     steady = run(args.steady_ticks)
+    falls.append(be.workloads.placement_fallbacks)
+    steady_threads = cpu_since(cpu0)
     if args.profile:
         prof.disable()
         prof.dump_stats(str(args.profile))
@@ -284,7 +308,9 @@ def main() -> None:
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()
+    cpu0 = thread_cpu()
     up = run(args.max_ticks, settled)
+    up_threads = cpu_since(cpu0)
     if args.profile:
         prof.disable()
         prof.dump_stats(str(args.profile.with_name(f"{args.profile.stem}-scale-up{args.profile.suffix}")))
@@ -303,7 +329,8 @@ def main() -> None:
     active = [o for o in up if o["actions"] or o["chains"]]
 
     def parts(ticks: list[dict]) -> dict[str, float]:
-        keys = ("metrics_s", "snapshot_s", "decide_s", "apply_s", "advance_s", "publish_s")
+        keys = ("metrics_s", "snapshot_s", "decide_s", "apply_s", "advance_s", "publish_s", "advance_repartition_s",
+                "rollout_pass_s", "advance_unpin_s", "advance_sweep_s", "ungate_s")
         return {k[:-2]: round(statistics.median(o.get(k, 0.0) for o in ticks), 3) for k in keys}
 
     steady_req = [o["requests"] for o in steady]
@@ -334,6 +361,11 @@ def main() -> None:
                              "p99": round(pct([o["cpu_s"] for o in up], 0.99), 3)},
             "steady_median_parts": parts(steady),
             "scale_up_median_parts": parts(up),
+            "scale_up_slowest": [{k: round(v, 3) if isinstance(v, float) else v for k, v in o.items() if k != "by"}
+                                 for o in sorted(up, key=lambda o: -o["tick_s"])[:3]],
+            # the process's CPU seconds over each phase by thread (main: the loop; informer-*: watch
+            # events; migscale-events: the Event writer; lease-elector; migscale-api: the metrics API)
+            "cpu_by_thread": {"steady": steady_threads, "scale_up": up_threads},
         },
         "steady_actions": sum(o["actions"] for o in steady),
         # whether each tick called the planner, and why (same/hold: it did not)
@@ -357,7 +389,13 @@ def main() -> None:
         "warmup_settled": settled(warm),
         "scale_up_settled": settled(up),
         "in_flight_at_end": left,
-        "rollout": {"pass_budget_s": budget, "passes_stopped_at_budget": be.rollout.deferred + be.repartitioner.deferred - deferred0},
+        "rollout": {"pass_budget_s": budget, "passes_stopped_at_budget": be.rollout.deferred + be.repartitioner.deferred - deferred0,
+                    # the whole run: new pods kept gated for their planned node (its instance held by a pod
+                    # on its way out), and pods let go to the scheduler because their planned node was full
+                    "placement_waits": be.workloads.placement_waits,
+                    "placement_fallbacks": {"warm_up": falls[0], "steady": falls[1] - falls[0],
+                                            "scale_up": be.workloads.placement_fallbacks - falls[1]},
+                    "last_fallbacks": [list(f) for f in list(be.workloads.fallback_log)[-10:]]},
     }
     ctl.close()
     if prom_server is not None:

@@ -177,6 +177,20 @@ def test_stale_resource_version_is_a_conflict(fake, connect):
     assert exc.value.status == 409
 
 
+def test_an_object_the_cache_lacks_is_created_without_a_read_and_a_stale_cache_falls_back(fake, connect):
+    from autoscaler.act.kubernetes.client import apply_object
+
+    rest = connect()
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": NS,
+          "labels": {"app.kubernetes.io/managed-by": "migscale"}}, "data": {"a": "1"}}
+    before = rest.total_requests()
+    assert apply_object(rest, cm, absent=True)[0] == "created"
+    assert rest.total_requests() - before == 1  # one POST, no GET
+    changed = {**cm, "data": {"a": "2"}}
+    assert apply_object(rest, changed, absent=True)[0] == "updated"  # the cache lagged: 409, then read and replace
+    assert fake.get("ConfigMap", "x")["data"] == {"a": "2"}
+
+
 def test_inventory_from_gfd_labels_and_pods(fake, backends):
     fake.put_object(gpu_node("node-a", {"3g.40gb": 2, "1g.10gb": 1}, gpus=2))
     fake.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-only", "labels": {}}})
@@ -273,6 +287,34 @@ def test_a_new_pod_takes_its_planned_instance_from_a_pod_on_its_way_out(fake, ba
     reps = {r.id: r for r in be.snapshot().replicas}
     assert (reps["resnet-new"].gpu, reps["resnet-new"].start) == ("node-a/0", 0)
     assert reps["resnet-old"].state is ReplicaState.DRAINING and reps["resnet-old"].start != 0
+
+
+def test_a_pod_not_bound_yet_is_shown_on_the_instance_the_planner_chose(fake, backends):
+    # pinned to its node (or kept gated for it) and not bound yet: shown anywhere else, its planned
+    # instance would look free and the next plan would put a second replica on it
+    fake.put_object(gpu_node("node-a", {"1g.10gb": 7}))
+    fake.put_object(gpu_node("node-b", {"1g.10gb": 7}))
+    fake.put_object(pod("resnet-old", "node-b", profile="1g.10gb"))
+    be = backends()
+    caught_up(be, fake)
+    leaving = fake.get("Pod", "resnet-old")
+    leaving["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
+    fake.put_object(leaving)
+    for name, spot in (("resnet-pinned", ("node-b/0", 4)), ("resnet-held", ("node-b/0", 0))):
+        be.workloads.spot_hints[name] = spot
+        unbound = pod(name, "", profile="1g.10gb", ready=False)
+        del unbound["spec"]["nodeName"]
+        unbound["status"] = {"phase": "Pending"}
+        fake.put_object(unbound)
+    fake.put_object(pod("resnet-stray", "", profile="1g.10gb", ready=False))  # nobody placed it
+    caught_up(be, fake)
+    reps = {r.id: r for r in be.snapshot().replicas}
+    assert (reps["resnet-pinned"].gpu, reps["resnet-pinned"].start) == ("node-b/0", 4)
+    # the instance a leaving pod still holds goes to the pod planned there, as for a bound one
+    assert (reps["resnet-held"].gpu, reps["resnet-held"].start) == ("node-b/0", 0)
+    assert reps["resnet-old"].gpu == "node-b/0" and reps["resnet-old"].start not in (0, 4)
+    assert reps["resnet-pinned"].state is ReplicaState.STARTING
+    assert (reps["resnet-stray"].gpu, reps["resnet-stray"].start) not in {("node-b/0", 0), ("node-b/0", 4)}
 
 
 def test_the_standalone_api_reads_the_cluster_from_informers(fake, connect):

@@ -148,6 +148,39 @@ def test_new_pods_land_on_the_nodes_the_planner_chose(cluster, backends):
     assert [e["key"] for e in exprs] == ["nvidia.com/gpu.product"]
 
 
+def test_a_new_pod_waits_for_its_planned_instance_while_a_pod_on_its_way_out_holds_it(cluster, backends):
+    """The planner counts a leaving pod's instance as free (the inventory yields it), so it may
+    place a new replica there. Let go at once, the pod would land wherever the scheduler finds a
+    free instance -- a replica the planner did not place, which its next plan moves again. It
+    stays gated until the leaving pod is gone, then goes where it was planned."""
+    from k8s_helpers import pod
+
+    fake = cluster.fake
+    cluster.add_nodes(2, {"1g.10gb": 1})  # one instance each: node-1's is the only free one
+    fake.put_object(pod("resnet-old", "node-0", profile="1g.10gb"), manager="kubelet")
+    cluster.kubelet.stop_s = 3600.0  # it terminates for its whole grace period ...
+    be = backends([MODEL])
+    caught_up(be, fake)
+    fake.delete_obj(fake.key_of(fake.get("Pod", "resnet-old")), grace_s=600)
+    wait_until(lambda: any(r.state is ReplicaState.DRAINING for r in be.snapshot().replicas), 5, "the old pod leaving")
+    be.apply([replace(act("create", "resnet", gpu="node-0/0"), start=0)])
+
+    def new_pod() -> dict | None:
+        return next((p for p in fake.list("Pod") if p["metadata"]["name"] != "resnet-old"), None)
+
+    wait_until(lambda: new_pod() is not None, 5, "the new pod")
+    for _ in range(3):
+        assert be.advance() == []
+        caught_up(be, fake)
+    new = new_pod()
+    assert new["spec"].get("schedulingGates") and not new["spec"].get("nodeName")  # kept for node-0
+    assert be.workloads.placement_waits >= 1 and be.workloads.placement_fallbacks == 0
+    fake.remove_now(fake.key_of(fake.get("Pod", "resnet-old")))  # ... and is gone now
+    caught_up(be, fake)
+    assert be.advance() == []
+    wait_until(lambda: (new_pod() or {}).get("spec", {}).get("nodeName") == "node-0", 10, "the pod bound to node-0")
+
+
 class _WritesTakeTime(VirtualClock):
     """Each reading is 0.1 s after the last: a pass's steps take time, as real writes do."""
 

@@ -399,16 +399,24 @@ class KubeRest:
 
 
 def apply_object(
-    rest: KubeRest, obj: Obj, *, keep_replicas: bool = False, retries: int = 5
+    rest: KubeRest, obj: Obj, *, keep_replicas: bool = False, retries: int = 5, absent: bool = False
 ) -> tuple[str, Obj]:
     """Create ``obj`` or replace the live one; returns ("created"|"updated"|"unchanged", live).
 
     Raises ``NotOwned`` for an existing object migscale did not create, and
     ``KubeError(409)`` when every retry lost a race. ``keep_replicas`` leaves
     the live ``spec.replicas`` alone: once an HPA owns a Deployment's size,
-    re-applying the template must not reset it.
+    re-applying the template must not reset it. ``absent``: an informer's cache
+    says it does not exist, so it is created without reading it first; a 409
+    (the cache lagged) falls back to read-and-replace.
     """
     meta = obj["metadata"]
+    if absent:
+        try:
+            return "created", rest.create(copy.deepcopy(obj))
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
     for _ in range(retries):
         live = rest.get(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
         if live is None:

@@ -277,7 +277,7 @@ class KubeInventory:
                     continue  # a group counts once, at its leader
                 replicas.append(Replica(meta["name"], model, WHOLE, f"{node}/0" if node else "", 0, pod_state(pod)))
                 continue
-            if not node:
+            if not node and meta["name"] not in spots:
                 unbound.append(pod)
                 continue
             spot = spots.get(meta["name"])
@@ -307,14 +307,25 @@ class KubeInventory:
         """The instance of each bound single-instance pod, in passes so that what the planner sees
         stays what it planned: live pods keep theirs; new live pods take the planner's choice if free;
         pods on their way out keep theirs where no live pod took it (which physical instance each
-        holds is not known, and the leaving one is gone soon); the rest take the first free one."""
+        holds is not known, and the leaving one is gone soon); the rest take the first free one.
+
+        A pod not bound yet that the planner placed (pinned to its node, or kept gated for it)
+        counts as a new live pod on the planner's instance: shown anywhere else, that instance
+        would look free and the next plan would put a second replica on it."""
         bound: list[tuple[str, str, str, bool]] = []  # (pod, node, profile, leaving)
         for pod in pods:
             meta, node = pod["metadata"], (pod.get("spec") or {}).get("nodeName") or ""
             lbls = meta.get("labels") or {}
             profile = pod_profile(pod)
-            if node and LWS_WORKER_INDEX not in lbls and profile != WHOLE:
-                bound.append((meta["name"], node, profile, bool(meta.get("deletionTimestamp"))))
+            if LWS_WORKER_INDEX in lbls or profile == WHOLE:
+                continue
+            leaving = bool(meta.get("deletionTimestamp"))
+            if node:
+                bound.append((meta["name"], node, profile, leaving))
+            elif not leaving and meta["name"] in self.hints:
+                planned = by_id.get(self.hints[meta["name"]][0])
+                if planned is not None:
+                    bound.append((meta["name"], planned.node, profile, False))
         spots: dict[str, tuple[str, int]] = {}
 
         def claim(name: str, node: str, profile: str, spot: tuple[str, int] | None) -> None:

@@ -26,7 +26,10 @@ Place in the loop: under the backend's rollout (``rollout.py``), which decides
   node affinity -- the one change the API server allows on a gated pod's
   affinity -- and lifts the gate. A pod nobody placed (the ReplicaSet
   replacing an evicted or crashed one), or whose node has no free instance of
-  its profile by now, is let go as it is, and the scheduler chooses. Without this the planner's packing and the scheduler's choice
+  its profile by now, is let go as it is, and the scheduler chooses -- unless
+  the instance is held only by a pod on its way out: then the pod stays gated
+  until that one is gone (up to ``PLACEMENT_TTL_S``), so that it lands where
+  the plan put it. Without this the planner's packing and the scheduler's choice
   would pull against each other tick after tick;
 - ``unpin`` recreates a pod pinned that way whose node filled up before the
   scheduler bound it (its affinity is frozen once ungated, so it would stay
@@ -160,6 +163,12 @@ class Workloads:
     _gate_lock: threading.Lock = field(default_factory=threading.Lock)  # the tick and the pod watch both ungate
     _pinned: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # pod -> (node, profile, when)
     _stuck: dict[str, float] = field(default_factory=dict)  # pinned pod -> first seen Unschedulable
+    # gated pods kept waiting for their planned node (its instance still held by a pod on its way out),
+    # and pods let go to the scheduler because their planned node could not take them
+    placement_waits: int = 0
+    placement_fallbacks: int = 0
+    # the last few let go: (pod, planned node, profile, its allocatable, taken there, leaving there)
+    fallback_log: deque[tuple[str, str, str, int, int, int]] = field(default_factory=lambda: deque(maxlen=50))
 
     # ------------------------------------------------------------ reading
 
@@ -265,12 +274,12 @@ class Workloads:
                     raise
             self._monitor_done = True
         obj = leader_worker_set(spec, replicas, cfg) if profile == WHOLE else deployment(spec, profile, replicas, cfg)
-        _verb, live = apply_object(self.rest, obj, keep_replicas=True)
+        _verb, live = apply_object(self.rest, obj, keep_replicas=True, absent=self.live(spec.name, profile) is None)
         self._written[workload_name(spec.name, profile)] = (replicas, self.clock.now())
         if profile != WHOLE:
             pdb = pod_disruption_budget(spec, profile, cfg)
             pdb["metadata"]["ownerReferences"] = [owner_ref(live)]
-            apply_object(self.rest, pdb)
+            apply_object(self.rest, pdb, absent=self.caches.pdbs.get(pdb["metadata"]["name"], cfg.namespace) is None)
 
     def scale(self, spec: ModelSpec, profile: str, new: int, why: str) -> int:
         """Set the workload's size to ``new`` (creating it if needed); returns the size before."""
@@ -404,8 +413,10 @@ class Workloads:
                  and any(g.get("name") == PLACEMENT_GATE for g in (p.get("spec") or {}).get("schedulingGates") or [])]
         if not gated:
             return todo
-        # instances of each profile taken on each node: bound pods, and pods pinned there not yet bound
+        # instances of each profile taken on each node: bound pods, and pods pinned there not yet bound;
+        # of the bound ones, those on their way out (their instance frees within their grace period)
         taken: dict[tuple[str, str], int] = {}
+        leaving: dict[tuple[str, str], int] = {}
         pinned_now = {name for name, (_n, _p, t) in self._pinned.items() if now - t < WRITE_FRESH_S}
         for p in self.caches.pods.items():
             node = (p.get("spec") or {}).get("nodeName")
@@ -413,21 +424,39 @@ class Workloads:
                 continue
             if node:
                 taken[(node, pod_profile(p))] = taken.get((node, pod_profile(p)), 0) + 1
+                if p["metadata"].get("deletionTimestamp"):
+                    leaving[(node, pod_profile(p))] = leaving.get((node, pod_profile(p)), 0) + 1
             elif p["metadata"]["name"] in pinned_now:
                 n, prof, _t = self._pinned[p["metadata"]["name"]]
                 taken[(n, prof)] = taken.get((n, prof), 0) + 1
         self._pinned = {k: v for k, v in self._pinned.items() if k in pinned_now}
+        held: dict[str, list[tuple[str, tuple[str, int] | None, float]]] = {}  # workload -> placements kept
         for pod in sorted(gated, key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"])):
             lbls = pod["metadata"].get("labels") or {}
-            q = self._placements.get(workload_name(lbls.get(MODEL_LABEL, ""), pod_profile(pod)))
+            wl = workload_name(lbls.get(MODEL_LABEL, ""), pod_profile(pod))
+            q = self._placements.get(wl)
             while q and now - q[0][2] > PLACEMENT_TTL_S:
                 q.popleft()  # a placement no pod came for (the size went down again meanwhile)
-            node, spot, _t = q.popleft() if q else ("", None, now)
+            node, spot, placed_at = q.popleft() if q else ("", None, now)
             live = self.caches.nodes.get(node) if node else None
             profile = pod_profile(pod)
             alloc = int(((live or {}).get("status") or {}).get("allocatable", {}).get(f"nvidia.com/mig-{profile}", 0) or 0)
-            if node and (live is None or (live.get("spec") or {}).get("unschedulable")
-                         or alloc - taken.get((node, profile), 0) < 1):
+            free = alloc - taken.get((node, profile), 0)
+            if node and live is not None and not (live.get("spec") or {}).get("unschedulable") and free < 1 \
+                    and free + leaving.get((node, profile), 0) >= 1:
+                # The planned instance is still held by a pod on its way out (the planner counts a
+                # leaving pod's instance as free: ``inventory.py``). Let go now, the pod would land on
+                # whichever node the scheduler picks -- a replica the planner did not place, which its
+                # next plan moves again. So it stays gated until that pod is gone (retried each pass),
+                # for as long as the placement lives.
+                held.setdefault(wl, []).append((node, spot, placed_at))
+                self._hint(pod["metadata"]["name"], spot)  # the inventory shows it there meanwhile
+                self.placement_waits += 1
+                continue
+            if node and (live is None or (live.get("spec") or {}).get("unschedulable") or free < 1):
+                self.placement_fallbacks += 1
+                self.fallback_log.append((pod["metadata"]["name"], node, profile, alloc, taken.get((node, profile), 0),
+                                          leaving.get((node, profile), 0)))
                 node = ""  # gone, cordoned, or no free instance there any more: let the scheduler choose
             spec = pod.get("spec") or {}
             patch: Obj = {"spec": {"schedulingGates": [g for g in spec.get("schedulingGates") or []
@@ -439,11 +468,16 @@ class Workloads:
             if node:
                 self._pinned[pod["metadata"]["name"]] = (node, profile, now)
                 taken[(node, profile)] = taken.get((node, profile), 0) + 1
-                if spot is not None:
-                    self.spot_hints[pod["metadata"]["name"]] = spot
-                    while len(self.spot_hints) > MAX_SPOT_HINTS:
-                        self.spot_hints.popitem(last=False)  # the oldest: its pod is long placed, or gone
+                self._hint(pod["metadata"]["name"], spot)
+        for wl, kept in held.items():  # first in line again, in their order, for the next pass
+            self._placements[wl].extendleft(reversed(kept))
         return todo
+
+    def _hint(self, pod: str, spot: tuple[str, int] | None) -> None:
+        if spot is not None:
+            self.spot_hints[pod] = spot
+            while len(self.spot_hints) > MAX_SPOT_HINTS:
+                self.spot_hints.popitem(last=False)  # the oldest: its pod is long placed, or gone
 
     def sweep(self, busy: set[str]) -> list[str]:
         """Retire workloads: those of models no longer configured go to 0; those at 0 with no pod left are
