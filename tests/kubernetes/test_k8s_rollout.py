@@ -140,12 +140,17 @@ def test_new_pods_land_on_the_nodes_the_planner_chose(cluster, backends):
     assert all("schedulingGates" not in p["spec"] for p in pods)
     # no API says which instance a pod got: the snapshot shows each where the planner put it
     assert sorted((r.gpu, r.start) for r in be.snapshot().replicas) == [("node-0/0", 3), ("node-0/0", 5), ("node-1/0", 6)]
-    # a pod nobody placed (the ReplicaSet replacing a deleted one) is let go as it is
+    # a pod nobody placed (the ReplicaSet replacing a deleted one) is pinned to a free instance of
+    # the last snapshot, and shown where it went (so the next plan counts it there)
+    be.snapshot()
+    free = be.inventory._free["1g.10gb"][0]
     fake.remove_now(fake.key_of(pods[0]))
     wait_until(lambda: capacity(be) == 3 * 58 and len(fake.list("Pod")) == 3, 10, "the replacement")
     new = next(p for p in fake.list("Pod") if p["metadata"]["name"] not in {q["metadata"]["name"] for q in pods})
     exprs = new["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"]
-    assert [e["key"] for e in exprs] == ["nvidia.com/gpu.product"]
+    assert [e["key"] for e in exprs] == ["nvidia.com/gpu.product", "kubernetes.io/hostname"]
+    assert new["spec"]["nodeName"] == free[0].split("/")[0]
+    assert {r.id: (r.gpu, r.start) for r in be.snapshot().replicas}[new["metadata"]["name"]] == free
 
 
 def test_a_new_pod_waits_for_its_planned_instance_while_a_pod_on_its_way_out_holds_it(cluster, backends):

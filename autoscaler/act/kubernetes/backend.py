@@ -89,6 +89,7 @@ class KubernetesBackend:
         )
         self.inventory = KubeInventory(cfg, self.caches.nodes, self.caches.pods, self.workloads.spot_hints,
                                       self.repartitioner.configs, self.repartitioner.starts)
+        self.workloads.free_spot = self.inventory.take_free
         self.rollout = Rollout(self.workloads, self.repartitioner, self.clock, cannot_start=self._cannot_start,
                                ready_timeout_s=ready_timeout_s, pass_budget_s=pass_budget_s)
         self.apply_calls: deque[str] = deque(maxlen=500)  # what was written, newest last

@@ -186,6 +186,11 @@ def node_gpus(node: Obj, cfg: RenderConfig, configs: Mapping[str, Any] | None = 
     ]
 
 
+def node_of(gpu: str | None) -> str | None:
+    """The node of a GPU id (``node/index``, as ``node_gpus`` names them)."""
+    return gpu.rpartition("/")[0] if gpu else None
+
+
 def is_ready(pod: Obj) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True"
                for c in (pod.get("status") or {}).get("conditions") or [])
@@ -234,6 +239,8 @@ class KubeInventory:
         # node -> ((resourceVersion, whether its config is known, the planner's starts), its GPUs)
         self._gpus: dict[str, tuple[tuple[Any, ...], list[GpuState]]] = {}
         self._spots: dict[str, tuple[str, int]] = {}  # bound pod -> the instance the last snapshot gave it
+        self._free: dict[str, list[tuple[str, int]]] = {}  # profile -> instances free in the last snapshot
+        self._shown: dict[str, tuple[str, int]] = {}  # unbound pod nobody placed -> where the last snapshot showed it
 
     def gpus(self) -> list[GpuState]:
         out: list[GpuState] = []
@@ -283,10 +290,13 @@ class KubeInventory:
             spot = spots.get(meta["name"])
             gpu, start = spot if spot is not None else (f"{node}/0", -1)
             replicas.append(Replica(meta["name"], model, profile, gpu, start, pod_state(pod)))
+        cordoned = {n["metadata"]["name"] for n in self.nodes.items() if (n.get("spec") or {}).get("unschedulable")}
+        shown: dict[str, tuple[str, int]] = {}  # unbound pod nobody placed -> the instance shown for it
         for pod in unbound:
             meta = pod["metadata"]
             profile = pod_profile(pod)
-            spot = next(((g.id, p.start) for g in gpus for p in g.layout
+            # where the scheduler could bind it: not on a cordoned node (one being repartitioned)
+            spot = next(((g.id, p.start) for g in gpus if g.node not in cordoned for p in g.layout
                          if p.profile == profile and (g.id, p.start) not in taken), None)
             state = pod_state(pod)
             if spot is None:
@@ -295,12 +305,34 @@ class KubeInventory:
                 spot = ("", -1)
             else:
                 taken.add(spot)
+                shown[meta["name"]] = spot
             replicas.append(Replica(meta["name"], (meta.get("labels") or {}).get(MODEL_LABEL) or "", profile,
                                     spot[0], spot[1], state))
         self._spots = spots  # the pods gone (or unbound) are forgotten with it
+        free: dict[str, list[tuple[str, int]]] = {}
+        for g in gpus:
+            if g.node not in cordoned:
+                for p in g.layout:
+                    if (g.id, p.start) not in taken:
+                        free.setdefault(p.profile, []).append((g.id, p.start))
+        self._free, self._shown = free, shown  # replaced whole: ``take_free`` may run on the Pod informer's thread
         if reserved:
             gpus = [GpuState(**{**g.__dict__, "reserved_by": reserved[g.id]}) if g.id in reserved else g for g in gpus]
         return ClusterState(gpus=tuple(gpus), replicas=tuple(replicas))
+
+    def take_free(self, pod: str, profile: str) -> tuple[str, int] | None:
+        """Where to send ``pod``, which nobody placed: the instance the last snapshot showed it on (the
+        plans made since count it there), else a free one of its ``profile`` as that snapshot showed
+        them (first in GPU order, not on a cordoned node), taken so that it is not handed out twice;
+        None if none (or no snapshot yet)."""
+        shown = self._shown.pop(pod, None)
+        if shown is not None:
+            return shown
+        spots = self._free.get(profile)
+        try:
+            return spots.pop(0) if spots else None
+        except IndexError:  # emptied by the other thread meanwhile
+            return None
 
     def _place_bound(self, pods: list[Obj], by_node: dict[str, list[GpuState]], by_id: dict[str, GpuState],
                      taken: set[tuple[str, int]]) -> dict[str, tuple[str, int]]:

@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from autoscaler.act.kubernetes.client import KubeError
-from autoscaler.act.kubernetes.inventory import is_ready
+from autoscaler.act.kubernetes.inventory import is_ready, node_of
 from autoscaler.act.kubernetes.render import WHOLE, workload_name
 from autoscaler.act.kubernetes.repartition import Repartitioner, state_of
 from autoscaler.act.kubernetes.workloads import Workloads
@@ -101,10 +101,6 @@ class Chain:
 def _name(s: Step) -> str:
     what = workload_name(s.model, s.profile) if s.model and s.profile else (s.node or "")
     return f"{s.kind.value} {what}".strip()
-
-
-def node_of(gpu: str | None) -> str | None:
-    return gpu.rpartition("/")[0] if gpu else None
 
 
 class Rollout:

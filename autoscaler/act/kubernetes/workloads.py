@@ -52,7 +52,7 @@ from typing import Any
 
 from autoscaler.act.kubernetes.client import KubeError, KubeRest, NotOwned, apply_object, owned
 from autoscaler.act.kubernetes.informer import Informer
-from autoscaler.act.kubernetes.inventory import is_ready, pod_profile
+from autoscaler.act.kubernetes.inventory import is_ready, node_of, pod_profile
 from autoscaler.act.kubernetes.render import (
     HOSTNAME_LABEL,
     LWS_WORKER_INDEX,
@@ -88,6 +88,8 @@ WRITE_FRESH_S = 10.0
 UNPIN_AFTER_S = 30.0
 UNPIN_PER_PASS = 20  # deletes per pass: a burst of them is a burst of ReplicaSet creates
 PLACEMENT_TTL_S = 60.0  # a placement no pod claimed within a minute is stale (the ReplicaSet acts in seconds)
+# free instances of the last snapshot tried for one unplaced pod per pass (those on nodes filled since are skipped)
+MAX_FREE_TRIES = 64
 MAX_SPOT_HINTS = 10_000  # instance hints kept (oldest dropped): a few per pod the fleet creates in a minute
 
 
@@ -163,6 +165,10 @@ class Workloads:
     _gate_lock: threading.Lock = field(default_factory=threading.Lock)  # the tick and the pod watch both ungate
     _pinned: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # pod -> (node, profile, when)
     _stuck: dict[str, float] = field(default_factory=dict)  # pinned pod -> first seen Unschedulable
+    _unplaced: dict[str, float] = field(default_factory=dict)  # gated pod nobody placed -> first seen so
+    _refused: dict[tuple[str, str], float] = field(default_factory=dict)  # (node, profile) -> a pin there failed
+    # a free instance of a profile as the last snapshot showed it, taken (``KubeInventory.take_free``)
+    free_spot: Callable[[str, str], tuple[str, int] | None] | None = None
     # gated pods kept waiting for their planned node (its instance still held by a pod on its way out),
     # and pods let go to the scheduler because their planned node could not take them
     placement_waits: int = 0
@@ -395,6 +401,9 @@ class Workloads:
                 self.rest.delete("v1", "Pod", meta.get("namespace", self.cfg.namespace), meta["name"],
                                  resource_version=meta.get("resourceVersion"))
                 self._stuck.pop(meta["name"], None)
+                # it has no free instance there that this controller can see (a pod it does not own
+                # holds one): no pod nobody placed is sent there for a while
+                self._refused[(_pinned_node(p) or "", pod_profile(p))] = now
                 self.event(p, "Normal", "Replaced",
                            f"pinned to a node with no free instance for {UNPIN_AFTER_S:.0f}s; "
                            "its ReplicaSet places a new pod")
@@ -408,6 +417,8 @@ class Workloads:
         todo: list[tuple[str, str, Obj]] = []  # (namespace, pod, patch)
         now = self.clock.now()
         self._ungated = {k: t for k, t in self._ungated.items() if now - t < WRITE_FRESH_S}
+        self._unplaced = {k: t for k, t in self._unplaced.items() if now - t < 2 * PLACEMENT_TTL_S}
+        self._refused = {k: t for k, t in self._refused.items() if now - t < PLACEMENT_TTL_S}
         gated = [p for p in candidates if p["metadata"]["name"] not in self._ungated
                  and not p["metadata"].get("deletionTimestamp")
                  and any(g.get("name") == PLACEMENT_GATE for g in (p.get("spec") or {}).get("schedulingGates") or [])]
@@ -437,27 +448,46 @@ class Workloads:
             q = self._placements.get(wl)
             while q and now - q[0][2] > PLACEMENT_TTL_S:
                 q.popleft()  # a placement no pod came for (the size went down again meanwhile)
+            name, profile = pod["metadata"]["name"], pod_profile(pod)
             node, spot, placed_at = q.popleft() if q else ("", None, now)
-            live = self.caches.nodes.get(node) if node else None
-            profile = pod_profile(pod)
-            alloc = int(((live or {}).get("status") or {}).get("allocatable", {}).get(f"nvidia.com/mig-{profile}", 0) or 0)
-            free = alloc - taken.get((node, profile), 0)
-            if node and live is not None and not (live.get("spec") or {}).get("unschedulable") and free < 1 \
-                    and free + leaving.get((node, profile), 0) >= 1:
+            planned = bool(node)
+
+            def room(n: str, profile: str = profile) -> tuple[bool, int]:
+                """(node usable, instances of the profile free on it now)."""
+                live = self.caches.nodes.get(n) if n else None
+                alloc = int(((live or {}).get("status") or {}).get("allocatable", {})
+                            .get(f"nvidia.com/mig-{profile}", 0) or 0)
+                usable = live is not None and not (live.get("spec") or {}).get("unschedulable")
+                return usable, alloc - taken.get((n, profile), 0)
+
+            usable, free = room(node)
+            if planned and usable and free < 1 and free + leaving.get((node, profile), 0) >= 1:
                 # The planned instance is still held by a pod on its way out (the planner counts a
-                # leaving pod's instance as free: ``inventory.py``). Let go now, the pod would land on
-                # whichever node the scheduler picks -- a replica the planner did not place, which its
-                # next plan moves again. So it stays gated until that pod is gone (retried each pass),
-                # for as long as the placement lives.
+                # leaving pod's instance as free: ``inventory.py``): it stays gated until that pod
+                # is gone (retried each pass), for as long as the placement lives.
                 held.setdefault(wl, []).append((node, spot, placed_at))
-                self._hint(pod["metadata"]["name"], spot)  # the inventory shows it there meanwhile
+                self._hint(name, spot)  # the inventory shows it there meanwhile
                 self.placement_waits += 1
                 continue
-            if node and (live is None or (live.get("spec") or {}).get("unschedulable") or free < 1):
+            if planned and (not usable or free < 1):
                 self.placement_fallbacks += 1
-                self.fallback_log.append((pod["metadata"]["name"], node, profile, alloc, taken.get((node, profile), 0),
-                                          leaving.get((node, profile), 0)))
-                node = ""  # gone, cordoned, or no free instance there any more: let the scheduler choose
+                self.fallback_log.append((name, node, profile, free + taken.get((node, profile), 0),
+                                          taken.get((node, profile), 0), leaving.get((node, profile), 0)))
+                planned = False  # gone, cordoned, or no free instance there any more
+            if not planned:
+                def fits(n: str, profile: str = profile) -> bool:
+                    ok, left = room(n)
+                    return ok and left >= 1 and now - self._refused.get((n, profile), -1e18) >= PLACEMENT_TTL_S
+
+                node, spot = self._unplaced_spot(name, profile, fits)
+            if not node and now - self._unplaced.setdefault(name, now) < PLACEMENT_TTL_S:
+                # Let go now, the scheduler would put it on the fullest node with a free instance --
+                # often one the planner has just given to another new pod, which then lands elsewhere
+                # in turn: replicas the planner did not place, which its next plans move again. It
+                # stays gated until a free instance is known (the next pass, after the next
+                # snapshot) and goes there. After ``PLACEMENT_TTL_S`` it is let go to the scheduler.
+                continue
+            self._unplaced.pop(name, None)
             spec = pod.get("spec") or {}
             patch: Obj = {"spec": {"schedulingGates": [g for g in spec.get("schedulingGates") or []
                                                        if g.get("name") != PLACEMENT_GATE] or None}}
@@ -472,6 +502,21 @@ class Workloads:
         for wl, kept in held.items():  # first in line again, in their order, for the next pass
             self._placements[wl].extendleft(reversed(kept))
         return todo
+
+    def _unplaced_spot(self, pod: str, profile: str, fits: Callable[[str], bool]) -> tuple[str, tuple[str, int] | None]:
+        """(node, instance) for a pod nobody placed (a ReplicaSet's replacement, a size set without
+        placements, a plan whose node filled up): the instance it was last sent to or shown on, else
+        a free one of the last snapshot, on a node that ``fits`` it now; recorded, so that it is shown
+        there from now on (``inventory.py``). ("", None) when none is known."""
+        spot = self.spot_hints.pop(pod, None)
+        for _ in range(MAX_FREE_TRIES):
+            if spot is not None and fits(node_of(spot[0]) or ""):
+                self._hint(pod, spot)
+                return node_of(spot[0]) or "", spot
+            spot = self.free_spot(pod, profile) if self.free_spot else None
+            if spot is None:
+                break
+        return "", None
 
     def _hint(self, pod: str, spot: tuple[str, int] | None) -> None:
         if spot is not None:
@@ -531,10 +576,18 @@ class Workloads:
 
 def _pinned_by_us(pod: Obj) -> bool:
     """Does the pod's required node affinity carry the hostname term ``with_hostname`` adds?"""
+    return _pinned_node(pod) is not None
+
+
+def _pinned_node(pod: Obj) -> str | None:
+    """The node the hostname term ``with_hostname`` adds names, if any."""
     req = ((((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {})
            .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
-    return any(e.get("key") == HOSTNAME_LABEL and e.get("operator") == "In"
-               for t in req.get("nodeSelectorTerms") or [] for e in t.get("matchExpressions") or [])
+    for t in req.get("nodeSelectorTerms") or []:
+        for e in t.get("matchExpressions") or []:
+            if e.get("key") == HOSTNAME_LABEL and e.get("operator") == "In" and e.get("values"):
+                return str(e["values"][0])
+    return None
 
 
 def with_hostname(affinity: Obj, node: str) -> Obj:
