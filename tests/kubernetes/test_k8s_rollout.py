@@ -186,6 +186,28 @@ def test_a_new_pod_waits_for_its_planned_instance_while_a_pod_on_its_way_out_hol
     wait_until(lambda: (new_pod() or {}).get("spec", {}).get("nodeName") == "node-0", 10, "the pod bound to node-0")
 
 
+def test_a_gpu_stays_busy_until_the_pods_placed_on_it_exist(fake, backends):
+    """Between a scale write and its pods reaching the cache, the snapshot shows their planned
+    instances as free: the GPU is reported busy meanwhile, so no plan puts a second replica there."""
+    from k8s_helpers import pod
+
+    fake.put_object(gpu_node("node-0", {"1g.10gb": 7}))
+    be = backends([MODEL])
+    caught_up(be, fake)
+    assert be.apply([replace(act("create", "resnet", gpu="node-0/0"), start=2), act("wait_ready", "resnet", gpu="node-0/0")]) == []
+    assert be.workloads.unclaimed("resnet", "1g.10gb") == 1  # no ReplicaSet here: the pod never comes
+    assert "node-0/0" in be.in_flight()[0]
+    new = pod("resnet-1g-10gb-abc-xyz1", "", profile="1g.10gb", ready=False)
+    new["spec"]["schedulingGates"] = [{"name": "migscale.io/placement"}]
+    new["status"] = {"phase": "Pending"}
+    fake.put_object(new)
+    caught_up(be, fake)
+    be.advance()  # its gate lifted, the placement taken
+    assert be.workloads.unclaimed("resnet", "1g.10gb") == 0
+    assert "node-0/0" not in be.in_flight()[0]  # the snapshot shows the pod there now
+    assert [(r.gpu, r.start) for r in be.snapshot().replicas] == [("node-0/0", 2)]
+
+
 class _WritesTakeTime(VirtualClock):
     """Each reading is 0.1 s after the last: a pass's steps take time, as real writes do."""
 

@@ -380,6 +380,11 @@ class Rollout:
         for chain in self.chains:
             for s in chain.steps:
                 if s.kind is ActionKind.WAIT_READY:
+                    # the pods it waits for exist (the snapshot shows them on their instances) unless
+                    # their placements are still unclaimed: until then those instances look free, and a
+                    # plan would put a second replica on them (the ReplicaSet's "expectations")
+                    if s.model and s.profile and self.workloads.unclaimed(s.model, s.profile):
+                        gpus.update(s.gpus)
                     continue
                 gpus.update(s.gpus)
                 if s.model:

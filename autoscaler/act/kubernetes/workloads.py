@@ -24,13 +24,16 @@ Place in the loop: under the backend's rollout (``rollout.py``), which decides
   (Pod Scheduling Readiness: the scheduler leaves a gated pod alone); once it
   exists, migscale adds ``kubernetes.io/hostname In [node]`` to its required
   node affinity -- the one change the API server allows on a gated pod's
-  affinity -- and lifts the gate. A pod nobody placed (the ReplicaSet
-  replacing an evicted or crashed one), or whose node has no free instance of
-  its profile by now, is let go as it is, and the scheduler chooses -- unless
-  the instance is held only by a pod on its way out: then the pod stays gated
-  until that one is gone (up to ``PLACEMENT_TTL_S``), so that it lands where
-  the plan put it. Without this the planner's packing and the scheduler's choice
-  would pull against each other tick after tick;
+  affinity -- and lifts the gate. If that node's free instance is held only
+  by a pod on its way out, the pod stays gated until that one is gone. A pod
+  nobody placed (the ReplicaSet replacing an evicted or crashed one), or whose
+  node has no free instance by now, is pinned the same way to a free instance
+  of the last snapshot (``KubeInventory.take_free``), and the inventory shows
+  it there. Each waits gated for at most ``PLACEMENT_TTL_S``; after that the
+  scheduler chooses. Without this the planner's packing and the scheduler's
+  choice would pull against each other tick after tick: a bin-packing
+  scheduler sends a pod it places to the fullest node, often onto the
+  instance the planner has just given to another new pod;
 - ``unpin`` recreates a pod pinned that way whose node filled up before the
   scheduler bound it (its affinity is frozen once ungated, so it would stay
   Unschedulable for good): after ``UNPIN_AFTER_S`` it is deleted and the
@@ -343,6 +346,14 @@ class Workloads:
         with self._gate_lock:
             q = self._placements.setdefault(workload_name(model, profile), deque(maxlen=1000))
             q.extend((n or "", spots[i] if i < len(spots) else None, now) for i, n in enumerate(nodes))
+
+    def unclaimed(self, model: str, profile: str) -> int:
+        """Placements made for a workload that no pod has taken yet (its ReplicaSet has not created the
+        pods, or the cache has not heard): until then the snapshot does not show them."""
+        now = self.clock.now()
+        with self._gate_lock:
+            q = self._placements.get(workload_name(model, profile))
+            return sum(1 for _n, _s, t in q or () if now - t <= PLACEMENT_TTL_S)
 
     def unplace(self, model: str, profile: str, n: int) -> None:
         """Take back the last ``n`` placements (the scale write that would have made their pods failed)."""
