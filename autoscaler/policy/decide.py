@@ -686,7 +686,9 @@ def decide(
         plan = plan_fn(
             config.models, target_rps, observation.cluster, churn_budget=config.churn_budget, now_s=now_s,
             fast_path=fast_path,
-            **({"spares": spares, "repartition_scope": config.repartition_scope} if spares else {}),
+            **({"spares": spares} if spares else {}),
+            **({"repartition_scope": config.repartition_scope}
+               if spares or config.repartition_scope is not RepartitionScope.GPU else {}),
         )
         memo = _Memo(key, plan, planner, now_s, counts, _room(observation.cluster))
         spare_state = sp.record(spare_state, now_s, sp.cold_creates(plan.actions), config.spares)

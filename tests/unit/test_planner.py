@@ -224,6 +224,28 @@ def test_consolidation_frees_a_whole_gpu():
     assert plan([spec("a")], {"a": 200}, after).actions == ()
 
 
+def test_consolidation_recuts_a_gpu_only_where_a_repartition_touches_that_gpu_alone():
+    # node/1's one replica fits on node/0 only if node/0's empty 1g instances at 2 and 3 become
+    # a 2g: a re-cut of node/0. Where that drains one GPU it is worth a GPU freed; where it
+    # drains the whole node (mig-manager on Kubernetes) it evicts every pod there, so it waits.
+    from autoscaler.policy.types import RepartitionScope
+
+    lay0 = (Placement(0, "2g.20gb"), Placement(2, "1g.10gb"), Placement(3, "1g.10gb"))
+    cl = ClusterState(
+        gpus=(GpuState("node/0", "node", A100, lay0), GpuState("node/1", "node", A100, (Placement(0, "2g.20gb"),))),
+        replicas=(
+            Replica("a-0", "a", "2g.20gb", "node/0", 0, ReplicaState.READY),
+            Replica("a-1", "a", "2g.20gb", "node/1", 0, ReplicaState.READY),
+        ),
+    )
+    a = spec("a", LINEAR, allowed_profiles=("2g.20gb",), min_replicas=2)
+    per_gpu = plan([a], {"a": 200}, cl)
+    assert Reason.CONSOLIDATE in per_gpu.reasons["a"] and per_gpu.cost.gpus_used == 1
+    assert any(x.kind is ActionKind.REPARTITION and x.gpu == "node/0" for x in per_gpu.actions)
+    per_node = plan([a], {"a": 200}, cl, repartition_scope=RepartitionScope.NODE)
+    assert per_node.actions == () and per_node.cost.gpus_used == 2
+
+
 def test_repartition_only_after_the_affected_instances_are_empty():
     # node/0 runs a 7g replica of "a"; demand drops and "b" needs 1g slices.
     cl = ClusterState(

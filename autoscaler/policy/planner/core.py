@@ -121,7 +121,9 @@ def plan(
 
     ``spares``: profile -> empty instances to keep carved on GPUs in use
     (``planner.spare.keep_spares``: on calm ticks where a repartition touches one
-    GPU; none where it drains the node, ``repartition_scope`` NODE).
+    GPU; none where it drains the node, ``repartition_scope`` NODE). Where it
+    drains the node, consolidation also moves replicas only into instances as
+    cut now (``place.consolidate``).
 
     ``fast_path``: a running model short of its demand first takes empty
     instances that exist now (``planner.urgent``), and creates that need no
@@ -175,7 +177,7 @@ def plan(
         def attempt(adds: Mapping[str, dict[str, int]] | None, work=work, removed=removed, reuse=False,
                     plain=False) -> Plan:
             return _attempt(cluster, rows, models, demand_rps, specs, work, removed, adds, churn_budget, now_s,
-                            mn_models, reuse, plain, fast_path)
+                            mn_models, reuse, plain, fast_path, recut=repartition_scope is RepartitionScope.GPU)
 
         best = attempt(None)
         if any(m.add for m in work.values()) and any(g.current for g in gpus):
@@ -271,7 +273,7 @@ def _attempt(cluster: ClusterState, rows: list[tuple], models: Sequence[ModelSpe
              specs: dict[str, ModelSpec], work0: dict[str, ModelWork], removed0: dict[str, Reason],
              adds: Mapping[str, dict[str, int]] | None, churn_budget: int | None, now_s: float,
              mn_models: list[ModelSpec], reuse: bool = False, plain: bool = False,
-             fast_path: bool = True) -> Plan:
+             fast_path: bool = True, *, recut: bool = True) -> Plan:
     """Place, repair and finish one candidate (sizing already done; ``adds`` overrides new mixes)."""
     gpus, by_id = _gpu_work(rows)
     removed = dict(removed0)
@@ -305,7 +307,7 @@ def _attempt(cluster: ClusterState, rows: list[tuple], models: Sequence[ModelSpe
     moved = fix_high_availability(work, gpus, removed)
     evacuated: set[str] = set()
     for _ in range(CONSOLIDATE_ROUNDS):
-        moved |= consolidate(work, gpus, removed, evacuated)
+        moved |= consolidate(work, gpus, removed, evacuated, recut=recut)
         if not (total_new and unmet(work, gpus)):
             break
         # The HA repair or consolidation may have opened space while demand

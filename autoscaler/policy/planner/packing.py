@@ -233,10 +233,11 @@ class Index:
         self.add(g)
 
     def find(self, profile: str, *, used_only: bool, exclude: set[str] | frozenset[str] = frozenset(),
-             avoid_model: str | None = None) -> tuple[GpuWork, int, tuple[Placement, ...]] | None:
+             avoid_model: str | None = None, exact_only: bool = False) -> tuple[GpuWork, int, tuple[Placement, ...]] | None:
         """Best GPU for one more ``profile`` instance.
 
         ``used_only``: only GPUs that already host a replica (fill them first).
+        ``exact_only``: only an empty instance of ``profile`` as cut now (no repartition).
         Rank: fullest GPU first (best fit), then no repartition, then non-RDMA
         GPUs (kept free for the multinode backend), then cluster order.
         ``avoid_model``: skip GPUs already hosting that model (high availability).
@@ -252,6 +253,8 @@ class Index:
             if got is None:
                 continue
             exact = any(p.start == got[0] and p.profile == profile for p in soft)
+            if exact_only and not exact:
+                continue
             if keep_cut and not exact:
                 continue  # would repartition a GPU whose layout stays as cut this tick
             rank = (-_compute(g0.product, occupied), not exact, bool(got[1]), rdma)

@@ -443,8 +443,12 @@ def _hosts(g: GpuWork, model: str) -> bool:
 
 
 def consolidate(work: dict[str, ModelWork], gpus: list[GpuWork], removed: dict[str, Reason],
-                evacuated: set[str] | None = None) -> set[tuple[str, int]]:
-    """Empty lightly used GPUs whose replicas all fit in free space elsewhere."""
+                evacuated: set[str] | None = None, *, recut: bool = True) -> set[tuple[str, int]]:
+    """Empty lightly used GPUs whose replicas all fit in free space elsewhere.
+
+    ``recut`` False: only into empty instances as cut now. Where a repartition drains the
+    whole node (``RepartitionScope.NODE``), a move that needs one evicts every pod of the
+    destination's node to save part of a GPU: a saving not worth that disruption."""
     moved: set[tuple[str, int]] = set()
     # A GPU that took a fast-path replica this tick is not emptied: moving that
     # replica would mostly mean a repartition, which is what the fast path avoids.
@@ -468,7 +472,7 @@ def consolidate(work: dict[str, ModelWork], gpus: list[GpuWork], removed: dict[s
         for s, (model, prof, rid) in items:
             m = work.get(model)
             avoid = model if (m is not None and m.spec.high_availability) else None
-            got = index.find(prof, used_only=True, exclude={g.id}, avoid_model=avoid)
+            got = index.find(prof, used_only=True, exclude={g.id}, avoid_model=avoid, exact_only=not recut)
             if got is None:
                 ok = False
                 break
