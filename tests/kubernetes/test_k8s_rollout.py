@@ -142,8 +142,9 @@ def test_new_pods_land_on_the_nodes_the_planner_chose(cluster, backends):
     assert sorted((r.gpu, r.start) for r in be.snapshot().replicas) == [("node-0/0", 3), ("node-0/0", 5), ("node-1/0", 6)]
     # a pod nobody placed (the ReplicaSet replacing a deleted one) is pinned to a free instance of
     # the last snapshot, and shown where it went (so the next plan counts it there)
-    be.snapshot()
-    free = be.inventory._free["1g.10gb"][0]
+    snap = be.snapshot()
+    used = {(r.gpu, r.start) for r in snap.replicas}
+    free = next((g.id, p.start) for g in snap.gpus for p in g.layout if p.profile == "1g.10gb" and (g.id, p.start) not in used)
     fake.remove_now(fake.key_of(pods[0]))
     wait_until(lambda: capacity(be) == 3 * 58 and len(fake.list("Pod")) == 3, 10, "the replacement")
     new = next(p for p in fake.list("Pod") if p["metadata"]["name"] not in {q["metadata"]["name"] for q in pods})

@@ -42,7 +42,7 @@ The GPUs of a node are rebuilt only when the node's resourceVersion changes
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -224,6 +224,28 @@ def pod_profile(pod: Obj) -> str:
     return ((pod["metadata"].get("labels") or {}).get(PROFILE_LABEL) or "").replace("_", "+")
 
 
+class FreeInstances:
+    """The instances a snapshot left free, by profile, in GPU order, skipping cordoned nodes; listed
+    on the first ``take`` (most snapshots hand none out), each handed out once. Its callers take
+    turns: the snapshot that made it, then ``Workloads.ungate`` under its lock."""
+
+    def __init__(self, gpus: Sequence[GpuState], taken: set[tuple[str, int]], cordoned: set[str]) -> None:
+        self._src = (gpus, taken, cordoned)
+        self._free: dict[str, deque[tuple[str, int]]] | None = None
+
+    def take(self, profile: str) -> tuple[str, int] | None:
+        if self._free is None:
+            gpus, taken, cordoned = self._src
+            self._free = {}
+            for g in gpus:
+                if g.node not in cordoned:
+                    for p in g.layout:
+                        if (g.id, p.start) not in taken:
+                            self._free.setdefault(p.profile, deque()).append((g.id, p.start))
+        spots = self._free.get(profile)
+        return spots.popleft() if spots else None
+
+
 class KubeInventory:
     """``Inventory.snapshot()`` for a cluster with the GPU Operator (MIG mixed strategy), from informers."""
 
@@ -239,7 +261,7 @@ class KubeInventory:
         # node -> ((resourceVersion, whether its config is known, the planner's starts), its GPUs)
         self._gpus: dict[str, tuple[tuple[Any, ...], list[GpuState]]] = {}
         self._spots: dict[str, tuple[str, int]] = {}  # bound pod -> the instance the last snapshot gave it
-        self._free: dict[str, list[tuple[str, int]]] = {}  # profile -> instances free in the last snapshot
+        self._free = FreeInstances((), set(), set())  # the last snapshot's free instances, for ``take_free``
         self._shown: dict[str, tuple[str, int]] = {}  # unbound pod nobody placed -> where the last snapshot showed it
 
     def gpus(self) -> list[GpuState]:
@@ -292,29 +314,23 @@ class KubeInventory:
             replicas.append(Replica(meta["name"], model, profile, gpu, start, pod_state(pod)))
         cordoned = {n["metadata"]["name"] for n in self.nodes.items() if (n.get("spec") or {}).get("unschedulable")}
         shown: dict[str, tuple[str, int]] = {}  # unbound pod nobody placed -> the instance shown for it
+        # where the scheduler could bind one: the first free instance in GPU order, not on a cordoned
+        # node (one being repartitioned); what the unbound pods leave is what ``take_free`` hands out
+        free = FreeInstances(gpus, taken, cordoned)
         for pod in unbound:
             meta = pod["metadata"]
             profile = pod_profile(pod)
-            # where the scheduler could bind it: not on a cordoned node (one being repartitioned)
-            spot = next(((g.id, p.start) for g in gpus if g.node not in cordoned for p in g.layout
-                         if p.profile == profile and (g.id, p.start) not in taken), None)
+            spot = free.take(profile)
             state = pod_state(pod)
             if spot is None:
                 if state is not ReplicaState.DRAINING:
                     state = ReplicaState.FAILED  # no instance of its profile anywhere: it cannot start
                 spot = ("", -1)
             else:
-                taken.add(spot)
                 shown[meta["name"]] = spot
             replicas.append(Replica(meta["name"], (meta.get("labels") or {}).get(MODEL_LABEL) or "", profile,
                                     spot[0], spot[1], state))
         self._spots = spots  # the pods gone (or unbound) are forgotten with it
-        free: dict[str, list[tuple[str, int]]] = {}
-        for g in gpus:
-            if g.node not in cordoned:
-                for p in g.layout:
-                    if (g.id, p.start) not in taken:
-                        free.setdefault(p.profile, []).append((g.id, p.start))
         self._free, self._shown = free, shown  # replaced whole: ``take_free`` may run on the Pod informer's thread
         if reserved:
             gpus = [GpuState(**{**g.__dict__, "reserved_by": reserved[g.id]}) if g.id in reserved else g for g in gpus]
@@ -326,13 +342,7 @@ class KubeInventory:
         them (first in GPU order, not on a cordoned node), taken so that it is not handed out twice;
         None if none (or no snapshot yet)."""
         shown = self._shown.pop(pod, None)
-        if shown is not None:
-            return shown
-        spots = self._free.get(profile)
-        try:
-            return spots.pop(0) if spots else None
-        except IndexError:  # emptied by the other thread meanwhile
-            return None
+        return shown if shown is not None else self._free.take(profile)
 
     def _place_bound(self, pods: list[Obj], by_node: dict[str, list[GpuState]], by_id: dict[str, GpuState],
                      taken: set[tuple[str, int]]) -> dict[str, tuple[str, int]]:

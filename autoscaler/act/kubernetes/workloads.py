@@ -173,10 +173,10 @@ class Workloads:
     # a free instance of a profile as the last snapshot showed it, taken (``KubeInventory.take_free``)
     free_spot: Callable[[str, str], tuple[str, int] | None] | None = None
     # gated pods kept waiting for their planned node (its instance still held by a pod on its way out),
-    # and pods let go to the scheduler because their planned node could not take them
+    # and pods whose planned node could not take them (sent where pods nobody placed go)
     placement_waits: int = 0
     placement_fallbacks: int = 0
-    # the last few let go: (pod, planned node, profile, its allocatable, taken there, leaving there)
+    # the last few of those: (pod, planned node, profile, its allocatable, taken there, leaving there)
     fallback_log: deque[tuple[str, str, str, int, int, int]] = field(default_factory=lambda: deque(maxlen=50))
 
     # ------------------------------------------------------------ reading
@@ -408,13 +408,16 @@ class Workloads:
         errors: list[str] = []
         for p in todo:
             meta = p["metadata"]
+            # it has no free instance there that this controller can see (a pod it does not own holds
+            # one): no pod nobody placed is sent there for a while. Marked before the delete, under the
+            # lock ``_ungate`` reads it with: the replacement may be ungated on the Pod watch's thread
+            # before the delete call returns.
+            with self._gate_lock:
+                self._refused[(_pinned_node(p) or "", pod_profile(p))] = now
             try:
                 self.rest.delete("v1", "Pod", meta.get("namespace", self.cfg.namespace), meta["name"],
                                  resource_version=meta.get("resourceVersion"))
                 self._stuck.pop(meta["name"], None)
-                # it has no free instance there that this controller can see (a pod it does not own
-                # holds one): no pod nobody placed is sent there for a while
-                self._refused[(_pinned_node(p) or "", pod_profile(p))] = now
                 self.event(p, "Normal", "Replaced",
                            f"pinned to a node with no free instance for {UNPIN_AFTER_S:.0f}s; "
                            "its ReplicaSet places a new pod")
@@ -445,14 +448,28 @@ class Workloads:
             if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 continue
             if node:
-                taken[(node, pod_profile(p))] = taken.get((node, pod_profile(p)), 0) + 1
+                key = (node, pod_profile(p))
+                taken[key] = taken.get(key, 0) + 1
                 if p["metadata"].get("deletionTimestamp"):
-                    leaving[(node, pod_profile(p))] = leaving.get((node, pod_profile(p)), 0) + 1
+                    leaving[key] = leaving.get(key, 0) + 1
             elif p["metadata"]["name"] in pinned_now:
                 n, prof, _t = self._pinned[p["metadata"]["name"]]
                 taken[(n, prof)] = taken.get((n, prof), 0) + 1
         self._pinned = {k: v for k, v in self._pinned.items() if k in pinned_now}
         held: dict[str, list[tuple[str, tuple[str, int] | None, float]]] = {}  # workload -> placements kept
+
+        def room(n: str, profile: str) -> tuple[bool, int]:
+            """(node usable, instances of the profile free on it now)."""
+            live = self.caches.nodes.get(n) if n else None
+            alloc = int(((live or {}).get("status") or {}).get("allocatable", {}).get(f"nvidia.com/mig-{profile}", 0) or 0)
+            usable = live is not None and not (live.get("spec") or {}).get("unschedulable")
+            return usable, alloc - taken.get((n, profile), 0)
+
+        def fits(n: str, profile: str) -> bool:
+            """Can a pod nobody placed go there now (and no pin there failed lately)?"""
+            usable, free = room(n, profile)
+            return usable and free >= 1 and now - self._refused.get((n, profile), -1e18) >= PLACEMENT_TTL_S
+
         for pod in sorted(gated, key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"])):
             lbls = pod["metadata"].get("labels") or {}
             wl = workload_name(lbls.get(MODEL_LABEL, ""), pod_profile(pod))
@@ -462,16 +479,7 @@ class Workloads:
             name, profile = pod["metadata"]["name"], pod_profile(pod)
             node, spot, placed_at = q.popleft() if q else ("", None, now)
             planned = bool(node)
-
-            def room(n: str, profile: str = profile) -> tuple[bool, int]:
-                """(node usable, instances of the profile free on it now)."""
-                live = self.caches.nodes.get(n) if n else None
-                alloc = int(((live or {}).get("status") or {}).get("allocatable", {})
-                            .get(f"nvidia.com/mig-{profile}", 0) or 0)
-                usable = live is not None and not (live.get("spec") or {}).get("unschedulable")
-                return usable, alloc - taken.get((n, profile), 0)
-
-            usable, free = room(node)
+            usable, free = room(node, profile)
             if planned and usable and free < 1 and free + leaving.get((node, profile), 0) >= 1:
                 # The planned instance is still held by a pod on its way out (the planner counts a
                 # leaving pod's instance as free: ``inventory.py``): it stays gated until that pod
@@ -486,10 +494,6 @@ class Workloads:
                                           taken.get((node, profile), 0), leaving.get((node, profile), 0)))
                 planned = False  # gone, cordoned, or no free instance there any more
             if not planned:
-                def fits(n: str, profile: str = profile) -> bool:
-                    ok, left = room(n)
-                    return ok and left >= 1 and now - self._refused.get((n, profile), -1e18) >= PLACEMENT_TTL_S
-
                 node, spot = self._unplaced_spot(name, profile, fits)
             if not node and now - self._unplaced.setdefault(name, now) < PLACEMENT_TTL_S:
                 # Let go now, the scheduler would put it on the fullest node with a free instance --
@@ -514,16 +518,18 @@ class Workloads:
             self._placements[wl].extendleft(reversed(kept))
         return todo
 
-    def _unplaced_spot(self, pod: str, profile: str, fits: Callable[[str], bool]) -> tuple[str, tuple[str, int] | None]:
+    def _unplaced_spot(self, pod: str, profile: str,
+                       fits: Callable[[str, str], bool]) -> tuple[str, tuple[str, int] | None]:
         """(node, instance) for a pod nobody placed (a ReplicaSet's replacement, a size set without
         placements, a plan whose node filled up): the instance it was last sent to or shown on, else
         a free one of the last snapshot, on a node that ``fits`` it now; recorded, so that it is shown
         there from now on (``inventory.py``). ("", None) when none is known."""
         spot = self.spot_hints.pop(pod, None)
         for _ in range(MAX_FREE_TRIES):
-            if spot is not None and fits(node_of(spot[0]) or ""):
+            node = (node_of(spot[0]) or "") if spot is not None else ""
+            if spot is not None and fits(node, profile):
                 self._hint(pod, spot)
-                return node_of(spot[0]) or "", spot
+                return node, spot
             spot = self.free_spot(pod, profile) if self.free_spot else None
             if spot is None:
                 break

@@ -253,10 +253,8 @@ class Index:
             if got is None:
                 continue
             exact = any(p.start == got[0] and p.profile == profile for p in soft)
-            if exact_only and not exact:
-                continue
-            if keep_cut and not exact:
-                continue  # would repartition a GPU whose layout stays as cut this tick
+            if (exact_only or keep_cut) and not exact:
+                continue  # would repartition (a GPU whose layout stays as cut this tick, for keep_cut)
             rank = (-_compute(g0.product, occupied), not exact, bool(got[1]), rdma)
             if best_rank is not None and rank > best_rank:
                 continue
