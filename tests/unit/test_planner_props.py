@@ -206,3 +206,50 @@ def test_repeated_ticks_converge(inst):
             break
         cl = apply_plan_to_cluster(cl, p)
     assert plan(models, demand, cl, churn_budget=3).actions == ()
+
+
+CUTS = (tuple(Placement(i, "1g.10gb") for i in range(7)),
+        (Placement(0, "2g.20gb"), Placement(2, "2g.20gb"), Placement(4, "2g.20gb"), Placement(6, "1g.10gb")),
+        (Placement(0, "3g.40gb"), Placement(4, "3g.40gb")))
+
+
+@st.composite
+def precut(draw):
+    """New models on idle GPUs already cut (as a GPU operator's default config leaves them)."""
+    gpus = tuple(GpuState(f"node/{i}", "node", "A100-SXM4-80GB", layout=draw(st.sampled_from(CUTS)))
+                 for i in range(draw(st.integers(1, 6))))
+    models, demand = [], {}
+    for i in range(draw(st.integers(1, 4))):
+        c = draw(st.integers(40, 120))
+        models.append(ModelSpec(f"m{i}", {"1g.10gb": c, "2g.20gb": round(1.9 * c), "3g.40gb": round(2.7 * c)},
+                                ("1g.10gb", "2g.20gb", "3g.40gb"), min_replicas=1, max_replicas=32))
+        demand[f"m{i}"] = draw(st.integers(0, 300))
+    return models, demand, ClusterState(gpus=gpus)
+
+
+def test_an_idle_gpu_cut_as_a_new_model_needs_it_is_used_without_a_repartition():
+    # two idle GPUs cut 3x2g+1g and 2x3g: cutting fresh patterns would re-cut both; the variant that
+    # fills the instances as they are re-cuts one
+    cluster = ClusterState(gpus=(GpuState("node/0", "node", "A100-SXM4-80GB", layout=CUTS[1]),
+                                 GpuState("node/1", "node", "A100-SXM4-80GB", layout=CUTS[2])))
+    models = [ModelSpec(f"m{i}", {"1g.10gb": c, "2g.20gb": round(1.9 * c), "3g.40gb": round(2.7 * c)},
+                        ("1g.10gb", "2g.20gb", "3g.40gb"), min_replicas=1, max_replicas=32)
+              for i, c in enumerate((66, 65))]
+    p = plan(models, {"m0": 224, "m1": 199}, cluster, fast_path=False, churn_budget=50)
+    assert sum(a.kind is ActionKind.REPARTITION for a in p.actions) == 1
+    assert not p.shortfall or not any(p.shortfall.values())
+
+
+@FAST
+@given(st.one_of(running(), instances(), precut()), st.booleans())
+def test_skipping_the_reuse_variant_where_it_would_place_nothing_else_never_changes_the_plan(inst, fast):
+    from unittest import mock
+
+    from autoscaler.policy.planner import packing
+
+    models, demand, cluster = inst
+    got = plan(models, demand, cluster, churn_budget=4, fast_path=fast)
+    # the variant tried on every plan with new replicas, as if each could reuse an idle GPU's cut
+    with mock.patch.object(packing, "_reusable", lambda gpus, pools: True):
+        always = plan(models, demand, cluster, churn_budget=4, fast_path=fast)
+    assert (got.actions, got.desired, got.assignments) == (always.actions, always.desired, always.assignments)

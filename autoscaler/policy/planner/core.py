@@ -175,14 +175,19 @@ def plan(
                         rebalance=spec.name not in no_rebalance, free_now=free_now)
 
         def attempt(adds: Mapping[str, dict[str, int]] | None, work=work, removed=removed, reuse=False,
-                    plain=False) -> Plan:
+                    plain=False, reuse_probe=None) -> Plan:
             return _attempt(cluster, rows, models, demand_rps, specs, work, removed, adds, churn_budget, now_s,
-                            mn_models, reuse, plain, fast_path, recut=repartition_scope is RepartitionScope.GPU)
+                            mn_models, reuse, plain, fast_path, recut=repartition_scope is RepartitionScope.GPU,
+                            reuse_probe=reuse_probe)
 
-        best = attempt(None)
-        if any(m.add for m in work.values()) and any(g.current for g in gpus):
+        probe: list[bool] = []
+        best = attempt(None, reuse_probe=probe)
+        if any(probe):
             # Variant: fill idle GPUs' existing instances first. Kept only when it
             # is no worse in shortfall, GPUs and slices, and needs fewer actions.
+            # Tried only where it would place something differently (``probe``):
+            # otherwise it is this very plan, and at thousands of GPUs an attempt
+            # is a tenth of a second.
             alt = attempt(None, reuse=True)
             if _plan_key(alt) < _plan_key(best):
                 best = alt
@@ -273,7 +278,7 @@ def _attempt(cluster: ClusterState, rows: list[tuple], models: Sequence[ModelSpe
              specs: dict[str, ModelSpec], work0: dict[str, ModelWork], removed0: dict[str, Reason],
              adds: Mapping[str, dict[str, int]] | None, churn_budget: int | None, now_s: float,
              mn_models: list[ModelSpec], reuse: bool = False, plain: bool = False,
-             fast_path: bool = True, *, recut: bool = True) -> Plan:
+             fast_path: bool = True, *, recut: bool = True, reuse_probe: list[bool] | None = None) -> Plan:
     """Place, repair and finish one candidate (sizing already done; ``adds`` overrides new mixes)."""
     gpus, by_id = _gpu_work(rows)
     removed = dict(removed0)
@@ -303,7 +308,7 @@ def _attempt(cluster: ClusterState, rows: list[tuple], models: Sequence[ModelSpe
     total_new = sum(sum(m.add.values()) for m in work.values())
     placed_tier2: set[tuple[str, int]] = set()
     if total_new:
-        place_all(work, gpus, placed_tier2, reuse=reuse, plain=plain)
+        place_all(work, gpus, placed_tier2, reuse=reuse, plain=plain, reuse_probe=reuse_probe)
     moved = fix_high_availability(work, gpus, removed)
     evacuated: set[str] = set()
     for _ in range(CONSOLIDATE_ROUNDS):

@@ -289,12 +289,15 @@ HA_AWARE_MAX_ITEMS = 400
 
 
 def pack(gpus: list[GpuWork], pools: dict[str, deque[str]], index: Index, *, allow_new: bool = True,
-         ha_models: frozenset[str] = frozenset(), reuse_layouts: bool = False) -> None:
+         ha_models: frozenset[str] = frozenset(), reuse_layouts: bool = False,
+         reuse_probe: list[bool] | None = None) -> None:
     """Place every replica in ``pools`` (profile -> models, one entry per replica).
 
     Fills GPUs that already host replicas first (biggest instances first),
     then cuts empty GPUs with whole-GPU patterns. Placed entries are popped;
-    what is left in ``pools`` did not fit.
+    what is left in ``pools`` did not fit. ``reuse_probe`` gets whether
+    ``reuse_layouts`` would have placed anything here (False: a packing with it
+    ends exactly as this one, so the caller need not try it).
     """
     comp_of: dict[str, int] = {}
     for g in gpus:
@@ -318,6 +321,8 @@ def pack(gpus: list[GpuWork], pools: dict[str, deque[str]], index: Index, *, all
     placed_ha: set[str] = set()
     if ha_aware:
         placed_ha = {v[0] for g in gpus for v in g.hard.values() if v[0] in ha_models}
+    if reuse_probe is not None:
+        reuse_probe.append(reuse_layouts or _reusable(gpus, pools))
     if reuse_layouts:
         # 1b. idle GPUs already cut into instances these replicas can use as
         # they are: no repartition (the caller keeps this variant only when it
@@ -378,6 +383,13 @@ def pack(gpus: list[GpuWork], pools: dict[str, deque[str]], index: Index, *, all
                 # budget are destroyed (nothing runs on them).
                 _trim_soft(g)
                 index.add(g)
+
+
+def _reusable(gpus: list[GpuWork], pools: dict[str, deque[str]]) -> bool:
+    """Is an idle GPU cut with an empty instance a waiting replica can take as it is (step 1b of ``pack``)?"""
+    wanted = {n for n, q in pools.items() if q}
+    return bool(wanted) and any(not g.hard and not g.blocked and g.whole is None and not g.frozen
+                                and any(p.profile in wanted for p in g.soft) for g in gpus)
 
 
 def _safe_counts(pools: dict[str, deque[str]], product: Product, ha: frozenset[str], placed: set[str]

@@ -82,9 +82,9 @@ def _close_tier2(gpus: list[GpuWork], saved: dict[str, dict[int, Placement]], be
 
 
 def _pack_two_tiers(gpus: list[GpuWork], pools: dict[str, deque[str]], placed_tier2: set[tuple[str, int]],
-                    ha: frozenset[str] = frozenset(), reuse: bool = False) -> None:
+                    ha: frozenset[str] = frozenset(), reuse: bool = False, reuse_probe: list[bool] | None = None) -> None:
     """Tier 1: space free now. Tier 2: also the space of replicas leaving this tick."""
-    pack(gpus, pools, Index(gpus), ha_models=ha, reuse_layouts=reuse)
+    pack(gpus, pools, Index(gpus), ha_models=ha, reuse_layouts=reuse, reuse_probe=reuse_probe)
     if not any(pools.values()) or not any(g.blocked for g in gpus):
         return
     saved, before = _open_tier2(gpus)
@@ -124,14 +124,15 @@ def _place_seq(gpus: list[GpuWork], items: list[tuple[str, str]], placed_tier2: 
 
 
 def place_all(work: dict[str, ModelWork], gpus: list[GpuWork], placed_tier2: set[tuple[str, int]],
-              *, reuse: bool = False, plain: bool = False) -> None:
+              *, reuse: bool = False, plain: bool = False, reuse_probe: list[bool] | None = None) -> None:
     """Place every model's new replicas (``m.add``); ``reuse``: fill the empty
-    instances of idle GPUs' current layouts before cutting new patterns;
+    instances of idle GPUs' current layouts before cutting new patterns (the only
+    packing it changes is the first: ``reuse_probe`` gets whether it would);
     ``plain``: do not hold HA replicas back while packing (repair after)."""
     snap = _snapshot(gpus)
     ha = frozenset(n for n, m in work.items() if m.spec.high_availability)
     pools = _pools({n: m.add for n, m in work.items()})
-    _pack_two_tiers(gpus, pools, placed_tier2, frozenset() if plain else ha, reuse)
+    _pack_two_tiers(gpus, pools, placed_tier2, frozenset() if plain else ha, reuse, reuse_probe)
     if not any(pools.values()):
         return
     if ha:
