@@ -12,13 +12,19 @@ reaches the pure policy:
   ``Observation.notes``);
 - when no query at all can be answered (Prometheus down), ``read`` raises
   ``PrometheusUnavailable`` so the loop marks the tick blind and holds.
+
+``prefetch`` sends a tick's queries ahead of its ``read`` (the Kubernetes
+runtime calls it before the backend's writes of the tick, so the two sets of
+round trips overlap instead of adding up); the next ``read`` takes those
+answers if they are at most ``PREFETCH_MAX_AGE_S`` old, and asks afresh
+otherwise.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from autoscaler.observe.queries import Queries
@@ -48,6 +54,10 @@ LIMITS: Mapping[str, float] = {
 # Queries in flight at once: what one Prometheus answers without queueing them
 # (its --query.max-concurrency defaults to 20), small enough to stay polite.
 QUERY_CONCURRENCY = 4
+# Oldest prefetched answers a read still takes: a prefetch belongs to the tick
+# that sent it (sent just before the tick's own start); answers from a tick that
+# never read them (it failed first) are older than this by the next one.
+PREFETCH_MAX_AGE_S = 5.0
 
 
 class PrometheusUnavailable(ConnectionError):
@@ -90,6 +100,8 @@ class PrometheusSource:
     Kubernetes a replica is a pod).
     """
 
+    NAMES = Queries.MODEL_SIGNALS + Queries.REPLICA_SIGNALS  # every query a read sends
+
     def __init__(
         self,
         url: str = "http://127.0.0.1:9090",
@@ -109,6 +121,8 @@ class PrometheusSource:
         self._query = query_fn or self._client_query()
         self.last_notes: tuple[str, ...] = ()
         self.read_calls = 0
+        self.prefetched_reads = 0  # reads that took a prefetch's answers
+        self._prefetched: tuple[float, tuple[ThreadPoolExecutor, list[Future]]] | None = None
 
     def _client_query(self) -> QueryFn:
         from prometheus_api_client import PrometheusConnect
@@ -122,10 +136,9 @@ class PrometheusSource:
 
         return query
 
-    def _run_all(self, names: Sequence[str], notes: list[str]) -> tuple[dict[str, list], int]:
-        """Every query, ``QUERY_CONCURRENCY`` at a time (Prometheus evaluates them in
-        parallel; one after another, 18 round trips are most of a tick at 200 models).
-        Results and notes in the order of ``names``, whatever order they finish in."""
+    def _start(self) -> tuple[ThreadPoolExecutor, list[Future]]:
+        """Send every query, ``QUERY_CONCURRENCY`` at a time (Prometheus evaluates them in
+        parallel; one after another, 18 round trips are most of a tick at 200 models)."""
         def one(n: str) -> list | BaseException:
             try:
                 return self._query(self.queries.render(n, self.window_s)) or []
@@ -134,11 +147,19 @@ class PrometheusSource:
 
         # A pool per read: its threads end with the read (no lifecycle to leak), and
         # starting four threads costs about a millisecond against a 5-15 s tick.
-        with ThreadPoolExecutor(QUERY_CONCURRENCY, thread_name_prefix="prom-query") as pool:
-            answers = list(pool.map(one, names))
+        pool = ThreadPoolExecutor(QUERY_CONCURRENCY, thread_name_prefix="prom-query")
+        return pool, [pool.submit(one, n) for n in self.NAMES]
+
+    def _collect(self, sent: tuple[ThreadPoolExecutor, list[Future]], notes: list[str]) -> tuple[dict[str, list], int]:
+        """The answers of ``_start``, in the order of ``NAMES`` whatever order they came in."""
+        pool, futures = sent
+        try:
+            answers = [f.result() for f in futures]
+        finally:
+            pool.shutdown(wait=False)
         results: dict[str, list] = {}
         failed = 0
-        for n, got in zip(names, answers):
+        for n, got in zip(self.NAMES, answers):
             if isinstance(got, BaseException):
                 failed += 1
                 notes.append(f"{Reason.INVALID_METRIC.value}: query {n} failed: {type(got).__name__}: {got}")
@@ -146,14 +167,35 @@ class PrometheusSource:
                 results[n] = got
         return results, failed
 
+    def prefetch(self, now_s: float) -> None:
+        """Send this tick's queries now; the next ``read`` (within ``PREFETCH_MAX_AGE_S``) takes the answers."""
+        self._drop_prefetch()
+        self._prefetched = (now_s, self._start())
+
+    def _drop_prefetch(self) -> None:
+        if self._prefetched is not None:
+            _t, (pool, futures) = self._prefetched
+            self._prefetched = None
+            for f in futures:
+                f.cancel()
+            pool.shutdown(wait=False)
+
     def read(
         self, models: Sequence[str], replicas: Sequence[str], now_s: float
     ) -> tuple[Mapping[str, ModelSignals | None], Mapping[str, ReplicaSignals]]:
         self.read_calls += 1
         notes: list[str] = []
-        names = Queries.MODEL_SIGNALS + Queries.REPLICA_SIGNALS
-        results, failed = self._run_all(names, notes)
-        if failed == len(names):
+        pre, self._prefetched = self._prefetched, None
+        if pre is not None and 0.0 <= now_s - pre[0] <= PREFETCH_MAX_AGE_S:
+            self.prefetched_reads += 1
+            sent = pre[1]
+        else:
+            if pre is not None:
+                self._prefetched = pre
+                self._drop_prefetch()
+            sent = self._start()
+        results, failed = self._collect(sent, notes)
+        if failed == len(self.NAMES):
             self.last_notes = tuple(notes)
             raise PrometheusUnavailable(
                 f"Prometheus at {self.url}: every query failed ({notes[0] if notes else ''})"

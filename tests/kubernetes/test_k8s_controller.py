@@ -518,3 +518,82 @@ def test_cli_once_dry_run_decides_but_writes_nothing(fake, configs, prometheus):
     assert any(a["kind"] == "create" for a in report["last_tick"]["actions"])  # it would scale up ...
     assert report["last_tick"]["acted"] is False
     assert fake.writes() == []  # ... but wrote nothing, not even a Lease
+
+
+def test_the_tick_sends_its_metric_queries_before_the_backends_writes(fake, make_controller):
+    ctl = make_controller("a", VirtualClock(T0))
+    ctl.check_lease()
+    order: list[str] = []
+    inner = ctl.source
+
+    class Prefetching:  # a source that can send its queries ahead (PrometheusSource does)
+        last_notes = ()
+
+        def prefetch(self, now_s: float) -> None:
+            order.append(f"prefetch {now_s}")
+
+        def read(self, models, replicas, now_s):
+            order.append(f"read {now_s}")
+            return inner.read(models, replicas, now_s)
+
+    ctl.loop.source = ctl.source = Prefetching()
+    advance = ctl.backend.advance
+    ctl.backend.advance = lambda: (order.append("advance"), advance())[1]
+    assert ctl.tick().ok
+    # the queries go out first, their round trips overlap the writes; the tick's read takes them
+    assert order == [f"prefetch {T0}", "advance", f"read {T0}"]
+
+
+def test_with_a_writer_the_tick_only_queues_and_the_round_after_it_writes(fake, make_controller):
+    ctl = make_controller("a", VirtualClock(T0))
+    ctl.check_lease()
+    ctl.backend.start_writer(period_s=3600.0)  # rounds only when kicked
+    at_apply: dict[str, object] = {}
+    apply = ctl.backend.apply
+
+    def spy(actions):
+        errors = apply(actions)
+        at_apply["deployment"] = fake.get("Deployment", DEPLOY)
+        at_apply["errors"] = errors
+        return errors
+
+    ctl.backend.apply = spy
+    result = ctl.tick()
+    n = creates(result)
+    assert result.ok and n >= 1
+    # the tick queued the chains and wrote nothing of them; the round after it (kicked by
+    # after_tick) did, on the writer's thread
+    assert at_apply == {"deployment": None, "errors": []}
+    deadline = time.monotonic() + 30
+    while ctl.backend.writer.rounds < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ctl.backend.writer.rounds == 1 and ctl.backend.writer.round_errors == 0
+    assert fake.get("Deployment", DEPLOY)["spec"]["replicas"] == n
+    # its chain now waits for the new pods to be Ready (no kubelet here), as a tick's own pass leaves it
+    assert ctl.backend.rollout.waiting()["resnet"] == f"waiting for {n} more Ready pod(s) of {DEPLOY}"
+    ctl.backend.stop_writer()
+    assert ctl.backend.writer is None
+
+
+def test_a_writer_round_that_raises_is_counted_and_the_next_kick_runs_again():
+    from autoscaler.act.kubernetes.backend import Writer
+
+    calls: list[int] = []
+
+    def round_fn():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+
+    w = Writer(round_fn, period_s=3600.0)
+    w.start()
+    try:
+        for want in (1, 2):
+            w.kick()
+            deadline = time.monotonic() + 30
+            while w.rounds < want and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert (w.rounds, w.round_errors, len(calls)) == (2, 1, 2)
+    finally:
+        w.stop()
+    assert not w._thread.is_alive()

@@ -6,11 +6,12 @@ import http.server
 import json
 import socket
 import threading
+import time
 import urllib.parse
 
 import pytest
 
-from autoscaler.observe.prometheus import PrometheusSource, PrometheusUnavailable
+from autoscaler.observe.prometheus import PREFETCH_MAX_AGE_S, PrometheusSource, PrometheusUnavailable
 from autoscaler.observe.queries import Queries, promql_duration
 
 NOW = 1_700_000_000.0
@@ -197,3 +198,42 @@ def test_queries_render_selectors_and_labels():
     with pytest.raises(KeyError):
         q.render("sel")
     assert set(q.all_rendered(15)) == set(Queries.MODEL_SIGNALS + Queries.REPLICA_SIGNALS)
+
+
+def test_a_prefetch_is_answered_once_by_the_next_read_and_an_old_one_is_sent_again():
+    rate = {"now": 120.0}
+    sent: list[str] = []
+    lock = threading.Lock()
+
+    def query(q: str) -> list:
+        with lock:
+            sent.append(q)
+        if q == Q.render("request_rate", W):
+            return [{"metric": {"model": "resnet"}, "value": [NOW, str(rate["now"])]}]
+        if q == Q.render("sample_time", W):
+            return [{"metric": {"model": "resnet"}, "value": [NOW, str(NOW - 3)]}]
+        return []
+
+    source = PrometheusSource("http://127.0.0.1:1", window_s=W, metrics_stale_s=60, query_fn=query)
+    n = len(PrometheusSource.NAMES)
+    source.prefetch(NOW)
+    assert source.read(["resnet"], [], NOW + 0.4)[0]["resnet"].request_rate == 120.0
+    assert len(sent) == n and source.prefetched_reads == 1  # the read sent nothing of its own
+    source.read(["resnet"], [], NOW + 1)  # nothing prefetched: it asks
+    assert len(sent) == 2 * n and source.prefetched_reads == 1
+    # answers sent for a tick that never read them are too old for a later one: it asks afresh
+    source.prefetch(NOW)
+    deadline = time.monotonic() + 30
+    while len(sent) < 3 * n and time.monotonic() < deadline:  # the prefetch's answers are in
+        time.sleep(0.01)
+    rate["now"] = 7.0
+    got = source.read(["resnet"], [], NOW + PREFETCH_MAX_AGE_S + 1)[0]["resnet"]
+    assert got.request_rate == 7.0 and source.prefetched_reads == 1 and len(sent) == 4 * n
+
+
+def test_a_prefetch_that_failed_is_a_failed_read(prom):
+    prom.default = 503
+    source = src(prom)
+    source.prefetch(NOW)
+    with pytest.raises(PrometheusUnavailable):
+        source.read(["resnet"], [], NOW)
