@@ -5,13 +5,9 @@ Prints ONE JSON object (and writes ``benchmarks/results/k8s_scale.json``):
 - ``tick_s``: seconds per control tick (driver hooks + observe + decide + act +
   publish), p50/p99/max, in steady state and during a scale-up (goal: p99 < 1 s),
   the CPU seconds this process spent in each tick's 2 s period (``steady_cpu``,
-  ``scale_up_cpu``: every thread, the writer's and the informers' too -- the
-  controller's own cost, without the waits for the emulation sharing its cores),
-  the median of each part, the writer's round after each tick (``round_s``), and
-  the three slowest steady ticks part by part (``steady_slowest``). With
-  ``--writer thread`` (the default, what ``migscale controller`` does) the
-  queued writes run on the backend's writer thread after each tick; with
-  ``--writer tick`` inside it (what ``--once`` does);
+  ``scale_up_cpu``: every thread, the informers' too -- the controller's own
+  cost, without the waits for the emulation sharing its cores), the median of
+  each part, and the three slowest steady ticks part by part (``steady_slowest``);
 - ``requests_per_tick``: API requests the controller sends per tick's period, mean and
   max, in steady state and during the scale-up, split into the lease's own
   renewals (a write every ``retry_period_s``, independent of cluster size) and
@@ -148,9 +144,6 @@ def main() -> None:
     ap.add_argument("--warmup-ticks", type=int, default=150, help="the warm-up ends here if not settled")
     ap.add_argument("--max-ticks", type=int, default=30, help="the scale-up ends here if not settled")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--writer", choices=("thread", "tick"), default="thread",
-                    help="where the queued writes run: on the backend's writer thread after each tick (what "
-                         "`migscale controller` does), or inside the tick (what `--once` does)")
     ap.add_argument("--profile", type=Path, help="write cProfile stats of the steady ticks here, and of the scale-up's next to it (NAME-scale-up.SUFFIX)")
     ap.add_argument("--prometheus", choices=("emulated", "real"), default="emulated",
                     help="what the measured phases query: the emulation answering the queries itself (default), "
@@ -210,8 +203,6 @@ def main() -> None:
     be.elector.start()
     while not be.elector.holds():
         time.sleep(0.1)
-    if args.writer == "thread":
-        be.start_writer(period_s=2 * cc.policy.tick_s)  # as KubernetesController.run does
 
     def lease() -> int:
         return sum(n for (_v, r), n in be.rest.by_resource.items() if r == "leases")
@@ -265,8 +256,8 @@ def main() -> None:
             r = ctl.tick()
             dt = time.perf_counter() - start
             time.sleep(max(0.0, cc.policy.tick_s - dt))
-            # the period is over: with ``--writer thread`` the round its tick kicked ran in it (one
-            # still running goes on into the next tick, which waits for it and counts that wait)
+            # the period is over: its CPU and requests include the informers' work between ticks
+            # (new pods ungated on the Pod watch's thread)
             cpu = time.process_time() - cpu0
             total, leased = be.rest.total_requests() - total0, lease() - lease0
             by = {f"{v} {res}": n for (v, res), n in (Counter(be.rest.by_resource) - by0).items() if res != "leases"}
@@ -368,19 +359,13 @@ def main() -> None:
                          "p99": round(pct([o["tick_s"] for o in up], 0.99), 3),
                          "max": round(max(o["tick_s"] for o in up), 3), "ticks": len(up)},
             # CPU seconds this process spent in each tick's period (tick_s of wall time: the
-            # tick, the writer's round after it, the informers' watch decoding, every thread).
+            # tick, the informers' watch decoding and ungating between ticks, every thread).
             # On 2 cores shared with the emulated control plane (and Prometheus), wall time
             # also waits for them; this is the controller's own cost.
             "steady_cpu": {"p50": round(pct([o["cpu_s"] for o in steady], 0.5), 3),
                            "p99": round(pct([o["cpu_s"] for o in steady], 0.99), 3)},
             "scale_up_cpu": {"p50": round(pct([o["cpu_s"] for o in up], 0.5), 3),
                              "p99": round(pct([o["cpu_s"] for o in up], 0.99), 3)},
-            # the writer's round after each tick (``advance``: ungate, unpin, repartition steps, the
-            # rollout pass, sweep), not part of tick_s with ``--writer thread``
-            "writer": args.writer,
-            "round_s": {ph: {"p50": round(pct([o.get("advance_s", 0.0) for o in ticks], 0.5), 3),
-                             "p99": round(pct([o.get("advance_s", 0.0) for o in ticks], 0.99), 3)}
-                        for ph, ticks in (("steady", steady), ("scale_up", up))},
             "steady_median_parts": parts(steady),
             "scale_up_median_parts": parts(up),
             "scale_up_slowest": [{k: round(v, 3) if isinstance(v, float) else v for k, v in o.items() if k != "by"}

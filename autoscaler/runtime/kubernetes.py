@@ -17,12 +17,8 @@ The Driver's hooks carry the Kubernetes specifics: ``before_tick`` refreshes
 the model set (a ``ModelSource`` is asked every tick, so models can come and
 go at run time), reads the elector's verdict (no I/O: the elector renews on
 its own thread every ``retry_period_s``, so however long a tick takes, the
-lease does not lapse); ``after_tick`` publishes. While leading, every rollout
-and repartition moves one step a tick (``backend.advance``): in ``run``, on
-the backend's writer thread right after the tick (``after_tick`` kicks it
-once it has published), so the tick never waits for the API server's answers
-to its writes; in a tick driven from outside (``tick``: ``--once``, tests),
-in ``before_tick``.
+lease does not lapse) and, while leading, moves every rollout and
+repartition one step (``backend.advance``); ``after_tick`` publishes.
 
 Leader election. Every replica of the controller Deployment runs the same
 loop; only the holder of the ``migscale-controller`` Lease *acts*. A follower
@@ -247,8 +243,7 @@ class KubernetesController:
             self.leader_ticks += 1
             if not self._was_leader:
                 self.backend.start_leading()
-            if self.backend.writer is None:
-                self.backend.advance()  # what fails is reported by take_errors() in this tick's result
+            self.backend.advance()  # what fails is reported by take_errors() in this tick's result
         else:
             self.follower_ticks += 1
             if self._was_leader:
@@ -260,18 +255,12 @@ class KubernetesController:
             return
         if result.plan is not None:
             self._last_plan = result.plan
-        try:
-            self.publish(result)
-            after = getattr(self.model_source, "after_tick", None)
-            if after is not None:  # a source that reports back on its objects (MigModel status)
-                after(self, result)
-            if self.on_result is not None:
-                self.on_result(result)
-        finally:
-            if self.role.leader:
-                # the writer's round starts once the tick has published: the status read above
-                # takes the queue's lock, which the round holds while it writes
-                self.backend.kick()
+        self.publish(result)
+        after = getattr(self.model_source, "after_tick", None)
+        if after is not None:  # a source that reports back on its objects (MigModel status)
+            after(self, result)
+        if self.on_result is not None:
+            self.on_result(result)
 
     def tick(self) -> TickResult:
         """One control tick through the driver: hooks, observe -> decide -> act (or shadow), publish."""
@@ -344,15 +333,11 @@ class KubernetesController:
         """Renew the lease on its own thread and tick until ``stop`` is set (SIGTERM); then :meth:`close`."""
         if self.elector is not None and not self.dry_run:
             self.elector.start()
-        if not self.dry_run:
-            # a round a tick, and one every two ticks' time while ticks fail (the queue still moves)
-            self.backend.start_writer(period_s=2 * self.policy.tick_s)
         self.driver.run(stop)
 
     def close(self) -> None:
         """Stop renewing, release the Lease (if held), stop the API server and the informers."""
         try:
-            self.backend.stop_writer()  # its round in progress ends while the lease still fences it in
             self.backend.recorder.close()  # queued Events go out while the lease still fences them in
             if self.elector is not None:
                 self.elector.stop()

@@ -9,26 +9,13 @@ with the official ``kubernetes`` client, composed of:
   so a steady tick sends no request;
 - ``Rollout`` (``rollout.py``): ``apply(actions)`` queues the tick's actions
   as make-before-break chains and starts them; ``advance()`` (once per
-  leader tick) moves them on, and what fails later is reported once by
-  ``take_errors()`` (the actuator contract, ``autoscaler/protocols.py``);
+  leader tick, from the controller's ``before_tick``) moves them on, and what
+  fails later is reported once by ``take_errors()`` (the actuator contract,
+  ``autoscaler/protocols.py``);
 - ``Repartitioner`` (``repartition.py``): the per-node state machine whose
   state is an annotation on the Node;
 - ``EventRecorder`` (``events.py``): an Event for each scale, swap step and
   repartition.
-
-Where the writes run. Called from the tick (tests, ``--once``), ``advance``
-runs before the tick's decision and ``apply`` takes the new chains' first
-steps in it. The running controller starts a writer thread instead
-(``start_writer``): ``apply`` only queues, and after each tick (``kick``) the
-writer runs one round of ``advance`` -- ungate, unpin, repartition steps, one
-rollout pass over every chain within ``pass_budget_s``, sweep -- while the
-loop waits for its next tick. The tick then never waits for the
-API server's answers to its writes (client-go controllers write from their
-workers for the same reason); a round still running when the next tick
-begins makes that tick wait for it (one lock: the tick reads the queue and
-the repartitions only between rounds). Each round is the same work in the
-same order as a tick's ``advance`` + ``apply`` passes, so the queue moves at
-the same pace either way.
 
 ``in_flight()`` answers per GPU and per model -- GPUs of nodes under
 repartition (read from the Node annotations, so a follower sees the
@@ -44,10 +31,8 @@ the scale subresource (docs/kubernetes.md, "Who owns what").
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autoscaler.act.kubernetes.client import KubeError, KubeRest
@@ -64,46 +49,6 @@ from autoscaler.clock import Clock, WallClock
 from autoscaler.policy.types import Action, ClusterState, ModelSpec, Plan, ReplicaState
 
 Obj = dict[str, Any]
-log = logging.getLogger(__name__)
-
-
-class Writer:
-    """A thread that runs ``round_fn`` once after each ``kick`` (and every ``period_s``
-    without one: a loop backing off after failed ticks still moves the queue on)."""
-
-    def __init__(self, round_fn: Callable[[], object], period_s: float, name: str = "migscale-writer") -> None:
-        self.round_fn = round_fn
-        self.period_s = period_s
-        self.rounds = 0
-        self.round_errors = 0
-        self._kick = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def kick(self) -> None:
-        self._kick.set()
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        self._kick.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout_s)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._kick.wait(self.period_s)
-            self._kick.clear()
-            if self._stop.is_set():
-                return
-            try:
-                self.round_fn()
-            except Exception:  # a failed round is retried at the next kick
-                self.round_errors += 1
-                log.exception("writer round raised")
-            self.rounds += 1
 
 
 class KubernetesBackend:
@@ -151,10 +96,6 @@ class KubernetesBackend:
         self._late: deque[str] = deque(maxlen=200)  # errors of queued work, until take_errors() reads them
         self._last: ClusterState | None = None
         self._transitions: dict[str, tuple[str, str, float]] = {}  # model -> (status, reason, since)
-        # the queue, the repartitions and the last snapshot are read and written under it: by the
-        # tick, and by the writer's rounds when it runs (``start_writer``)
-        self._lock = threading.RLock()
-        self.writer: Writer | None = None
         self.set_models(models)
         # a new pod is placed the moment the watch shows it, not a tick later
         self.caches.pods.handlers.append(self._on_pod)
@@ -169,26 +110,8 @@ class KubernetesBackend:
         self._load_configs()
 
     def close(self) -> None:
-        self.stop_writer()
         self.recorder.close()
         self.caches.stop()
-
-    def start_writer(self, period_s: float) -> None:
-        """Run the queued work on a thread of its own, one round after each ``kick``
-        (the module docstring); ``apply`` then only queues."""
-        if self.writer is None:
-            self.writer = Writer(lambda: self.advance(), period_s)  # looked up per round (timing wrappers)
-            self.writer.start()
-
-    def stop_writer(self) -> None:
-        writer, self.writer = self.writer, None
-        if writer is not None:
-            writer.stop()
-
-    def kick(self) -> None:
-        """The tick is over: the writer runs a round now."""
-        if self.writer is not None:
-            self.writer.kick()
 
     @property
     def models(self) -> dict[str, ModelSpec]:
@@ -223,59 +146,48 @@ class KubernetesBackend:
         if not self.caches.synced():
             lagging = [i.kind for i in self.caches.all() if not i.synced]
             raise KubeError(0, f"caches not synced yet: {', '.join(lagging)} ({self.caches.nodes.last_error or 'listing'})")
-        with self._lock:  # the repartitioner's configs and starts, which a writer round changes
-            self._last = self.inventory.snapshot()
-            return self._last
+        self._last = self.inventory.snapshot()
+        return self._last
 
     # ------------------------------------------------------------ Actuator
 
     def apply(self, actions: Sequence[Action]) -> list[str]:
-        """Queue the actions as make-before-break chains and take every step that can be taken now
-        (with a writer: queue them; its round after this tick takes those steps, and what fails
-        is reported by ``take_errors``)."""
+        """Queue the actions as make-before-break chains and take every step that can be taken now."""
         if not self.leading():
             reason = self.elector.last.reason if self.elector is not None else ""
             return [f"skipped {len(actions)} actions: not the leader ({reason})"]
-        with self._lock:
-            cluster = self._last if self._last is not None else self.snapshot()
-            if self.writer is not None:
-                return self.rollout.submit(actions, cluster, run=False)
-            self.recorder.new_tick()
-            try:
-                return self.rollout.submit(actions, cluster)
-            finally:
-                self.rollout.end_tick()  # the tick's write budget, shared with ``advance``, is spent
+        self.recorder.new_tick()
+        cluster = self._last if self._last is not None else self.snapshot()
+        try:
+            return self.rollout.submit(actions, cluster)
+        finally:
+            self.rollout.end_tick()  # the tick's write budget, shared with ``advance``, is spent
 
     def advance(self) -> list[str]:
         """One step of everything under way (repartitions, waiting chains, retirements); leader only."""
         if not self.leading():
             return []
-        with self._lock:
-            self.recorder.new_tick()
-            self.rollout.begin_tick()
-            errors = self.workloads.ungate()
-            errors += self.workloads.unpin()
-            errors += self.repartitioner.advance()
-            errors += self.rollout.advance()
-            errors += self.workloads.sweep(self.rollout.workload_names())
-            if self.writer is not None:
-                self.rollout.end_tick()
-            self._late.extend(errors)
-            return errors
+        self.recorder.new_tick()
+        self.rollout.begin_tick()
+        errors = self.workloads.ungate()
+        errors += self.workloads.unpin()
+        errors += self.repartitioner.advance()
+        errors += self.rollout.advance()
+        errors += self.workloads.sweep(self.rollout.workload_names())
+        self._late.extend(errors)
+        return errors
 
     def take_errors(self) -> list[str]:
         """Errors of queued work (rollouts, repartitions, retirements) since the last call, each once."""
-        out: list[str] = []
-        while self._late:  # popped one by one: the Pod watch's thread may append meanwhile
-            out.append(self._late.popleft())
+        out = list(self._late)
+        self._late.clear()
         return out
 
     def start_leading(self) -> None:
         """Bring live workloads to the current templates (an upgrade, a changed image), and read the configs
         the last leader wrote since this replica started; errors reported late."""
-        with self._lock:
-            self._late.extend(self.workloads.reconcile_templates())
-            self._load_configs()
+        self._late.extend(self.workloads.reconcile_templates())
+        self._load_configs()
 
     def _load_configs(self) -> None:
         """The mig-parted configs written so far: which GPU holds which instances (``inventory.py``)."""
@@ -284,17 +196,12 @@ class KubernetesBackend:
             self._late.append(err)
 
     def stop_leading(self) -> None:
-        with self._lock:
-            self.rollout.reset()
+        self.rollout.reset()
 
     def groups(self, actions: Sequence[Action]) -> list[int]:
         return chain_groups(actions, self._last or ClusterState())
 
     def in_flight(self) -> tuple[frozenset[str], frozenset[str]]:
-        with self._lock:
-            return self._in_flight()
-
-    def _in_flight(self) -> tuple[frozenset[str], frozenset[str]]:
         gpus, models = self.rollout.busy()
         models |= self.repartitioner.draining_models()
         last = self._last or ClusterState()
@@ -349,8 +256,7 @@ class KubernetesBackend:
     def conditions(self, plan: Plan | None) -> dict[str, dict[str, Any]]:
         """Per model, an ``AtTarget`` condition (HPA style) saying why it is short of the plan's target."""
         now = self.clock.now()
-        with self._lock:
-            waiting = self.rollout.waiting()
+        waiting = self.rollout.waiting()
         by_model: dict[str, list[Obj]] = {}
         for p in self.caches.pods.items():
             by_model.setdefault((p["metadata"].get("labels") or {}).get(MODEL_LABEL, ""), []).append(p)
@@ -399,12 +305,10 @@ class KubernetesBackend:
         return out
 
     def stats(self) -> dict[str, Any]:
-        with self._lock:
-            chains, repartitions = len(self.rollout.chains), sorted(self.repartitioner.in_progress())
         return {
             "informers": [i.stats() for i in self.caches.all()],
             "events": self.recorder.stats(),
-            "chains": chains,
-            "repartitions": repartitions,
+            "chains": len(self.rollout.chains),
+            "repartitions": sorted(self.repartitioner.in_progress()),
             "requests": dict(self.rest.counts),
         }

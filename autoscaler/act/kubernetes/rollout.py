@@ -180,14 +180,13 @@ class Rollout:
 
     # ------------------------------------------------------------ running
 
-    def submit(self, actions: Sequence[Action], cluster: ClusterState, *, run: bool = True) -> list[str]:
-        """Queue the actions as chains and (``run``) take a pass over every chain now."""
+    def submit(self, actions: Sequence[Action], cluster: ClusterState) -> list[str]:
         self.last = cluster
         for group in self._split(actions, cluster):
             steps = self._steps(group, cluster)
             if steps:
                 self.chains.append(Chain(steps, since=self.clock.now()))
-        return self.advance() if run else []
+        return self.advance()
 
     def reset(self) -> None:
         """Forget queued work (this replica stopped leading; the next leader re-plans from the cluster)."""
