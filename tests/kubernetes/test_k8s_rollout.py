@@ -339,3 +339,37 @@ def test_chains_link_through_a_node_only_when_the_batch_repartitions_it():
     cut = Action(ActionKind.REPARTITION, Reason.CONSOLIDATE, gpu="n1/1", layout=(Placement(0, "1g.10gb"),))
     g = chain_groups([cut, create_a, drain_a, create_b, create_c], cluster)
     assert g[0] == g[3] == g[4] and g[1] == g[2] != g[0]
+
+
+def test_a_pass_does_not_start_a_step_that_steps_of_its_kind_took_longer_than_what_is_left(cluster, backends):
+    import threading
+
+    models = [ModelSpec(f"m{i}", {"1g.10gb": 10}, ("1g.10gb",), max_replicas=4) for i in range(6)]
+    cluster.add_nodes(2, {"1g.10gb": 7})
+    clock = VirtualClock(1_800_000_000.0)
+    be = backends(models, clock=clock, pass_budget_s=0.25)
+    fake = cluster.fake
+    caught_up(be, fake)
+    request = be.rest.request
+    main = threading.current_thread()
+
+    def slow(*a, **kw):  # each request of the tick takes 0.05 s
+        if threading.current_thread() is main:
+            clock.advance(0.05)
+        return request(*a, **kw)
+
+    be.rest.request = slow
+
+    def created() -> int:
+        return sum(1 for m in models if fake.get("Deployment", f"{m.name}-1g-10gb") is not None)
+
+    # each CREATE makes its workload (Service, Deployment, budget) and records an Event: 0.2 s; a
+    # second one started at 0.2 s would run the pass to 0.4 s against its 0.25 s
+    assert be.apply([act("create", m.name) for m in models]) == []
+    counts = [created()]
+    while be.rollout.chains:
+        assert be.advance() == []
+        counts.append(created())
+        assert len(counts) < 10
+    assert counts == [1, 2, 3, 4, 5, 6]  # one workload a pass, each pass within its budget but for that step
+    assert all(fake.get("Deployment", f"{m.name}-1g-10gb")["spec"]["replicas"] == 1 for m in models)

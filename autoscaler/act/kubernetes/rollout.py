@@ -123,6 +123,10 @@ class Rollout:
         self._tick_left: float | None = None  # what this tick's passes may still spend
         self.deferred = 0  # passes that stopped at the budget
         self._resume = 0  # index of the chain the next pass starts with
+        # Seconds a step of each kind took lately (an exponential average; a CREATE that makes
+        # its workload -- three requests -- apart from one that scales it): once a pass has
+        # written, it does not start a step that would likely run past its budget.
+        self._step_s: dict[tuple[ActionKind, bool], float] = {}
         self.repartitioner = repartitioner
         self.clock = clock
         self.cannot_start = cannot_start  # (model, profile) -> why its new pods can never become Ready
@@ -201,9 +205,12 @@ class Rollout:
 
     def advance(self) -> list[str]:
         """One pass over the chains: each takes every step it can now. A pass stops
-        starting steps that write once it has run ``pass_budget_s``; the chains not
-        reached keep their place (still in flight) and go first in the next pass, so a
-        scale-up of a thousand actions spreads over ticks instead of stalling one."""
+        starting steps that write once it has run ``pass_budget_s``, or, once it has
+        written, before a step that steps of its kind lately took longer than what is
+        left (a step is not cut in the middle: one that makes a workload is three
+        requests); the chains not reached keep their place (still in flight) and go
+        first in the next pass, so a scale-up of a thousand actions spreads over ticks
+        instead of stalling one, and a pass always starts at least one step."""
         t0 = self.clock.now()
         budget = self.pass_budget_s if self._tick_left is None else self._tick_left
         try:
@@ -217,11 +224,16 @@ class Rollout:
         start = self._resume % len(self.chains) if self.chains else 0
         order = self.chains[start:] + self.chains[:start]
         self._resume = 0
+        wrote = False
         for chain in order:
             while chain.steps:
                 step = chain.steps[0]
-                if (budget is not None and step.kind is not ActionKind.WAIT_READY
-                        and self.clock.now() - t0 > budget):
+                writes = step.kind is not ActionKind.WAIT_READY
+                key = (step.kind, step.kind is ActionKind.CREATE and step.model is not None
+                       and step.profile is not None and self.workloads.live(step.model, step.profile) is None)
+                spent = self.clock.now() - t0
+                if budget is not None and writes and (
+                        spent > budget or (wrote and spent + self._step_s.get(key, 0.0) > budget)):
                     self.deferred += 1
                     self._resume = self.chains.index(chain)
                     for c in order[order.index(chain):]:
@@ -229,10 +241,15 @@ class Rollout:
                     return errors
                 if chain.head != id(step):
                     chain.head, chain.since, chain.why = id(step), self.clock.now(), ""
+                t1 = self.clock.now()
                 try:
                     res = self._try(chain, step)
                 except KubeError as exc:
                     res = f"{step.kind.value} {workload_name(step.model, step.profile) if step.model else step.node}: {exc}"
+                if writes:
+                    took = self.clock.now() - t1
+                    self._step_s[key] = took if key not in self._step_s else 0.7 * self._step_s[key] + 0.3 * took
+                    wrote = True
                 if res == WAIT:
                     break
                 chain.steps.pop(0)
