@@ -344,7 +344,7 @@ def test_chains_link_through_a_node_only_when_the_batch_repartitions_it():
 def test_a_pass_does_not_start_a_step_that_steps_of_its_kind_took_longer_than_what_is_left(cluster, backends):
     import threading
 
-    models = [ModelSpec(f"m{i}", {"1g.10gb": 10}, ("1g.10gb",), max_replicas=4) for i in range(6)]
+    models = [ModelSpec(f"m{i}", {"1g.10gb": 10}, ("1g.10gb",), max_replicas=4) for i in range(7)]
     cluster.add_nodes(2, {"1g.10gb": 7})
     clock = VirtualClock(1_800_000_000.0)
     be = backends(models, clock=clock, pass_budget_s=0.25)
@@ -361,15 +361,25 @@ def test_a_pass_does_not_start_a_step_that_steps_of_its_kind_took_longer_than_wh
     be.rest.request = slow
 
     def created() -> int:
-        return sum(1 for m in models if fake.get("Deployment", f"{m.name}-1g-10gb") is not None)
+        return sum(1 for m in models[:6] if fake.get("Deployment", f"{m.name}-1g-10gb") is not None)
 
     # each CREATE makes its workload (Service, Deployment, budget) and records an Event: 0.2 s; a
     # second one started at 0.2 s would run the pass to 0.4 s against its 0.25 s
-    assert be.apply([act("create", m.name) for m in models]) == []
+    assert be.apply([act("create", m.name) for m in models[:6]]) == []
     counts = [created()]
     while be.rollout.chains:
         assert be.advance() == []
         counts.append(created())
         assert len(counts) < 10
     assert counts == [1, 2, 3, 4, 5, 6]  # one workload a pass, each pass within its budget but for that step
-    assert all(fake.get("Deployment", f"{m.name}-1g-10gb")["spec"]["replicas"] == 1 for m in models)
+    assert all(fake.get("Deployment", f"{m.name}-1g-10gb")["spec"]["replicas"] == 1 for m in models[:6])
+    # a tick's two passes share the rule: once its first pass has written (m0 one more replica, 0.1 s
+    # with its Event), its second does not start a workload (0.2 s) with 0.15 s left; the next tick does
+    be.rollout.begin_tick()
+    assert be.rollout.submit([act("create", "m0")], be.snapshot()) == []
+    assert be.rollout.submit([act("create", "m6")], be.snapshot()) == []
+    be.rollout.end_tick()
+    assert fake.get("Deployment", "m0-1g-10gb")["spec"]["replicas"] == 2
+    assert fake.get("Deployment", "m6-1g-10gb") is None and be.rollout.chains
+    assert be.advance() == []
+    assert fake.get("Deployment", "m6-1g-10gb")["spec"]["replicas"] == 1

@@ -121,6 +121,7 @@ class Rollout:
         # a tick has it to itself. Worked number: at ~10 ms a write, 0.25 s is ~25 writes a tick.
         self.pass_budget_s = pass_budget_s
         self._tick_left: float | None = None  # what this tick's passes may still spend
+        self._tick_wrote = False  # a pass of this tick has started a step that writes
         self.deferred = 0  # passes that stopped at the budget
         self._resume = 0  # index of the chain the next pass starts with
         # Seconds a step of each kind took lately (an exponential average; a CREATE that makes
@@ -199,6 +200,7 @@ class Rollout:
     def begin_tick(self) -> None:
         """The passes from here to ``end_tick`` share one write budget."""
         self._tick_left = self.pass_budget_s
+        self._tick_wrote = False
 
     def end_tick(self) -> None:
         self._tick_left = None
@@ -224,7 +226,7 @@ class Rollout:
         start = self._resume % len(self.chains) if self.chains else 0
         order = self.chains[start:] + self.chains[:start]
         self._resume = 0
-        wrote = False
+        wrote = self._tick_wrote if self._tick_left is not None else False  # the tick's passes share it
         for chain in order:
             while chain.steps:
                 step = chain.steps[0]
@@ -249,7 +251,7 @@ class Rollout:
                 if writes:
                     took = self.clock.now() - t1
                     self._step_s[key] = took if key not in self._step_s else 0.7 * self._step_s[key] + 0.3 * took
-                    wrote = True
+                    wrote = self._tick_wrote = True
                 if res == WAIT:
                     break
                 chain.steps.pop(0)
