@@ -134,6 +134,7 @@ class Rollout:
         self.ready_timeout_s = ready_timeout_s
         self.chains: list[Chain] = []
         self.last: ClusterState | None = None  # the snapshot the current actions were planned from
+        self._by_node: tuple[ClusterState | None, dict[str, list]] = (None, {})  # its GPUs by node, built on first use
 
     # ------------------------------------------------------------ building chains
 
@@ -386,10 +387,20 @@ class Rollout:
         if step.profile == WHOLE or step.carved_first or self.last is None:
             return None
         for node in sorted({n for n in (node_of(g) for g in step.gpus) if n}):
-            gpus = [g for g in self.last.gpus if g.node == node]
+            gpus = self._node_gpus(node)
             if gpus and not any(p.profile == step.profile for g in gpus for p in g.layout):
                 return f"node {node} has no {step.profile} instance"
         return None
+
+    def _node_gpus(self, node: str) -> list:
+        """The last snapshot's GPUs on ``node`` (an index per snapshot: a scale-up asks for
+        dozens of nodes of an 8,000-GPU snapshot a tick)."""
+        if self._by_node[0] is not self.last:
+            index: dict[str, list] = {}
+            for g in self.last.gpus if self.last is not None else ():
+                index.setdefault(g.node, []).append(g)
+            self._by_node = (self.last, index)
+        return self._by_node[1].get(node, [])
 
     # ------------------------------------------------------------ what is under way
 
