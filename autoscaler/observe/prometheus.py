@@ -60,6 +60,14 @@ QUERY_CONCURRENCY = 4
 PREFETCH_MAX_AGE_S = 5.0
 
 
+def _drop(sent: tuple[ThreadPoolExecutor, list[Future]]) -> None:
+    """Give up on sent queries: those not started are cancelled, the pool ends without waiting."""
+    pool, futures = sent
+    for f in futures:
+        f.cancel()
+    pool.shutdown(wait=False)
+
+
 class PrometheusUnavailable(ConnectionError):
     """No query could be answered: the loop treats the tick as blind."""
 
@@ -169,16 +177,9 @@ class PrometheusSource:
 
     def prefetch(self, now_s: float) -> None:
         """Send this tick's queries now; the next ``read`` (within ``PREFETCH_MAX_AGE_S``) takes the answers."""
-        self._drop_prefetch()
-        self._prefetched = (now_s, self._start())
-
-    def _drop_prefetch(self) -> None:
         if self._prefetched is not None:
-            _t, (pool, futures) = self._prefetched
-            self._prefetched = None
-            for f in futures:
-                f.cancel()
-            pool.shutdown(wait=False)
+            _drop(self._prefetched[1])
+        self._prefetched = (now_s, self._start())
 
     def read(
         self, models: Sequence[str], replicas: Sequence[str], now_s: float
@@ -191,8 +192,7 @@ class PrometheusSource:
             sent = pre[1]
         else:
             if pre is not None:
-                self._prefetched = pre
-                self._drop_prefetch()
+                _drop(pre[1])
             sent = self._start()
         results, failed = self._collect(sent, notes)
         if failed == len(self.NAMES):

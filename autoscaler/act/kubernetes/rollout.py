@@ -232,7 +232,8 @@ class Rollout:
             while chain.steps:
                 step = chain.steps[0]
                 writes = step.kind is not ActionKind.WAIT_READY
-                key = (step.kind, step.kind is ActionKind.CREATE and step.model is not None
+                # a WAIT_READY (most steps of a scale-up) is never timed: no cache read for its key
+                key = (step.kind, writes and step.kind is ActionKind.CREATE and step.model is not None
                        and step.profile is not None and self.workloads.live(step.model, step.profile) is None)
                 spent = self.clock.now() - t0
                 if budget is not None and writes and (
