@@ -16,7 +16,15 @@ Prints ONE JSON object (and writes ``benchmarks/results/k8s_scale.json``):
   (two requests and their time, on the same cluster) -- the informers' work
   side by side with the polling they replace;
 - ``memory_mb``: resident size of this process before the backend is built
-  and after the scale-up, and the objects its caches hold.
+  and after the scale-up, and the objects its caches hold;
+- ``gc_pauses``: full garbage collections in each process over each phase
+  (count, total, longest), and in the slowest ticks the seconds each process
+  spent stopped in one. The controller runs them between ticks
+  (``runtime/gcpacing.py``, as ``migscale controller`` does; ``--gc-in-ticks``
+  leaves them where the interpreter starts them). The emulation freezes what
+  it has built and runs none after the cluster is up: it stands for a Go API
+  server, whose collector does not stop it for a fifth of a second
+  (``--no-gc-freeze`` keeps CPython's pauses).
 
 The emulated API server and its controllers (and the load-driven Prometheus)
 run in a child process so they do not share this process's interpreter lock;
@@ -44,16 +52,18 @@ Run: ``flock /tmp/migscale-heavy.lock nice -n 10 .venv/bin/python benchmarks/k8s
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing as mp
 import random
+import resource
 import shutil
 import statistics
 import sys
 import tempfile
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 
 import psutil
@@ -83,7 +93,39 @@ policy: {tick_s: 2, churn_budget: 1000, short_window_s: 4, long_window_s: 10, ri
 """
 
 
-def cluster_process(conn, nodes: int, caps: dict, load: dict, factor) -> None:
+class GcPauses:
+    """This process's collections of the oldest generation, timed: (start, seconds) on the
+    monotonic clock, which both processes share. A full collection stops every thread of
+    its process; over a heap of ~10^6 objects it takes tens of milliseconds."""
+
+    def __init__(self) -> None:
+        self.log: deque[tuple[float, float]] = deque(maxlen=100_000)
+        self._t: float | None = None
+        gc.callbacks.append(self._seen)
+
+    def _seen(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._t = time.perf_counter()
+        elif self._t is not None:
+            self.log.append((self._t, time.perf_counter() - self._t))
+            self._t = None
+
+
+def overlap(log, t0: float, t1: float) -> float:
+    """Seconds of [t0, t1) spent in a pause."""
+    return sum(max(0.0, min(t + d, t1) - max(t, t0)) for t, d in log)
+
+
+def pauses(log, t0: float, t1: float) -> dict[str, float]:
+    """Count, total and longest of the pauses that started in [t0, t1)."""
+    xs = [d for t, d in log if t0 <= t < t1]
+    return {"count": len(xs), "total_s": round(sum(xs), 3), "max_s": round(max(xs, default=0.0), 3)}
+
+
+def cluster_process(conn, nodes: int, caps: dict, load: dict, factor, freeze: bool) -> None:
+    gcp = GcPauses()
     sys.path.insert(0, str(EMULATION))
     from emulated import EmulatedCluster
     from gpu_operator import gpu_node
@@ -95,10 +137,21 @@ def cluster_process(conn, nodes: int, caps: dict, load: dict, factor) -> None:
         c.fake.put_object(gpu_node(f"node-{i:04d}", NODE_COUNTS, gpus=8), manager="kubelet")
     prom = LoadPrometheus(c.fake, caps, lambda t: {m: load[m] * factor[k] for k, m in enumerate(names)}, window_s=30,
                           nodelay=True)
+    if freeze:
+        # The emulated API server stands for a Go process, whose collector runs beside the
+        # program instead of stopping it; CPython's full collections over this heap (8,000
+        # GPUs' nodes, the pods, the watch histories, the request log) stop the server and
+        # its controllers for up to 0.2 s, several times a tick. What is built by now lives
+        # for the whole run (frozen), and no full collection runs after it: the young
+        # generations are still collected, and a cycle that reaches the oldest one stays
+        # until the process ends (its peak RSS is reported).
+        gc.freeze()
+        gc.set_threshold(*gc.get_threshold()[:2], 2**30)
     conn.send((c.url, prom.url))
     conn.recv()  # until the parent is done
     conn.send({"controller_errors": c.plane.errors[:5], "objects": len(c.fake.objects),
-               "server_requests": len(c.fake.requests)})
+               "server_requests": len(c.fake.requests), "gc_pauses": list(gcp.log),
+               "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)})
     prom.close()
     c.stop()
 
@@ -149,17 +202,24 @@ def main() -> None:
                     help="what the measured phases query: the emulation answering the queries itself (default), "
                          "or a real Prometheus scraping the emulation's per-pod Triton series (a third process "
                          "on the same cores; results in k8s_scale-prometheus.json)")
+    ap.add_argument("--no-gc-freeze", action="store_true",
+                    help="let the emulation's full garbage collections walk the whole cluster when they like "
+                         "(pauses of up to 0.2 s a Go API server would not have)")
+    ap.add_argument("--gc-in-ticks", action="store_true",
+                    help="leave the controller's full garbage collections where the interpreter starts them, "
+                         "inside ticks too, instead of between ticks (the product's setting, runtime/gcpacing.py)")
     ap.add_argument("--decision-log", type=Path,
                     help="write the controller's decision log (one JSON line a tick: actions and reasons) here")
     ap.add_argument("--dump-planner-input", type=Path,
                     help="pickle the last planner call's inputs of the steady phase here (to profile the planner alone)")
     args = ap.parse_args()
+    gcp = GcPauses()
     rng = random.Random(args.seed)
     models_yaml, caps, load = models(args.models, rng)
     names = sorted(load)
     factor = mp.Array("d", [1.0] * len(names), lock=False)
     parent, child = mp.Pipe()
-    proc = mp.get_context("fork").Process(target=cluster_process, args=(child, args.nodes, caps, load, factor),
+    proc = mp.get_context("fork").Process(target=cluster_process, args=(child, args.nodes, caps, load, factor, not args.no_gc_freeze),
                                           daemon=True)
     proc.start()
     kube, prom_url = parent.recv()
@@ -172,6 +232,7 @@ def main() -> None:
     from autoscaler.config import load_cluster, load_models, model_specs
     from autoscaler.observe.prometheus import PrometheusSource
     from autoscaler.observe.queries import Queries
+    from autoscaler.runtime.gcpacing import IdleCollector
     from autoscaler.runtime.kubernetes import KubernetesController
 
     me = psutil.Process()
@@ -198,11 +259,15 @@ def main() -> None:
     else:
         scrape_s = None
     src = _Switch(emulated_src)
-    ctl = KubernetesController(be, src, mc, cc, identity="bench", decision_log=args.decision_log)
+    collector = None if args.gc_in_ticks else IdleCollector()
+    ctl = KubernetesController(be, src, mc, cc, identity="bench", decision_log=args.decision_log,
+                               collector=collector)
     assert be.elector is not None
     be.elector.start()
     while not be.elector.holds():
         time.sleep(0.1)
+    if collector is not None:
+        collector.install()  # as ``run`` does, once the caches have synced
 
     def lease() -> int:
         return sum(n for (_v, r), n in be.rest.by_resource.items() if r == "leases")
@@ -254,8 +319,11 @@ def main() -> None:
             spent.clear()
             start, cpu0 = time.perf_counter(), time.process_time()
             r = ctl.tick()
-            dt = time.perf_counter() - start
-            time.sleep(max(0.0, cc.policy.tick_s - dt))
+            end = time.perf_counter()
+            dt = end - start
+            # the rest of the period as ``Driver.run`` spends it (its idle hook: a due full
+            # garbage collection runs there)
+            ctl.driver.wait(max(0.0, cc.policy.tick_s - dt), lambda: False)
             # the period is over: its CPU and requests include the informers' work between ticks
             # (new pods ungated on the Pod watch's thread)
             cpu = time.process_time() - cpu0
@@ -263,7 +331,7 @@ def main() -> None:
             by = {f"{v} {res}": n for (v, res), n in (Counter(be.rest.by_resource) - by0).items() if res != "leases"}
             out.append({"tick_s": dt, "cpu_s": cpu, "requests": total - leased, "lease": leased, "actions": len(r.actions), "by": by,
                         "errors": len(r.errors), "chains": len(be.rollout.chains), "held": len(r.held),
-                        "decide_s": ctl.loop.last_decide_s or 0.0,
+                        "decide_s": ctl.loop.last_decide_s or 0.0, "t0": start, "t1": end,
                         "replan": getattr(ctl.loop.state.replan, "value", None), **{f"{k}_s": v for k, v in spent.items()}})
             print(f"tick {len(out)}: {out[-1]}", file=sys.stderr, flush=True)
             if until is not None and until(out):
@@ -296,7 +364,9 @@ def main() -> None:
         prof.enable()
     cpu0 = thread_cpu()
     falls = [be.workloads.placement_fallbacks]
+    phases = {"steady": [time.perf_counter()]}
     steady = run(args.steady_ticks)
+    phases["steady"].append(time.perf_counter())
     falls.append(be.workloads.placement_fallbacks)
     steady_threads = cpu_since(cpu0)
     if args.profile:
@@ -315,7 +385,9 @@ def main() -> None:
         prof = cProfile.Profile()
         prof.enable()
     cpu0 = thread_cpu()
+    phases["scale_up"] = [time.perf_counter()]
     up = run(args.max_ticks, settled)
+    phases["scale_up"].append(time.perf_counter())
     up_threads = cpu_since(cpu0)
     if args.profile:
         prof.disable()
@@ -346,9 +418,6 @@ def main() -> None:
                     "seed": args.seed},
         "metrics_source": {"measured_phases": args.prometheus, "models_with_a_request_rate": seen,
                            "scrape_interval_s": scrape_s},
-        # the three slowest steady ticks, each split into its parts: what p99 is made of
-        "steady_slowest": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in o.items() if k != "by"}
-                           for o in slowest],
         "cache_sync_s": round(sync_s, 2),
         "warmup_ticks": len(warm),
         "tick_s": {
@@ -368,8 +437,6 @@ def main() -> None:
                              "p99": round(pct([o["cpu_s"] for o in up], 0.99), 3)},
             "steady_median_parts": parts(steady),
             "scale_up_median_parts": parts(up),
-            "scale_up_slowest": [{k: round(v, 3) if isinstance(v, float) else v for k, v in o.items() if k != "by"}
-                                 for o in sorted(up, key=lambda o: -o["tick_s"])[:3]],
             # the process's CPU seconds over each phase by thread (main: the loop; informer-*: watch
             # events; migscale-events: the Event writer; lease-elector; migscale-api: the metrics API)
             "cpu_by_thread": {"steady": steady_threads, "scale_up": up_threads},
@@ -409,6 +476,22 @@ def main() -> None:
         prom_server.stop()
     parent.send("done")
     result["emulation"] = parent.recv()
+    emu_gc = result["emulation"].pop("gc_pauses")
+    # full collections in each process over each phase, and (in the slowest ticks) the
+    # seconds of each tick that one of the two processes spent stopped in one
+    result["gc_pauses"] = {"emulation_frozen": not args.no_gc_freeze, "controller_between_ticks": collector is not None,
+                           "collector": collector.stats.to_json() if collector is not None else None, **{
+        k: {"controller": pauses(gcp.log, *span), "emulation": pauses(emu_gc, *span)} for k, span in phases.items()}}
+
+    def brief(o: dict) -> dict:
+        out = {k: round(v, 3) if isinstance(v, float) else v for k, v in o.items() if k not in ("by", "t0", "t1")}
+        out["gc_controller_s"] = round(overlap(gcp.log, o["t0"], o["t1"]), 3)
+        out["gc_emulation_s"] = round(overlap(emu_gc, o["t0"], o["t1"]), 3)
+        return out
+
+    # the three slowest ticks of each phase, each split into its parts: what p99 is made of
+    result["steady_slowest"] = [brief(o) for o in slowest]
+    result["tick_s"]["scale_up_slowest"] = [brief(o) for o in sorted(up, key=lambda o: -o["tick_s"])[:3]]
     proc.join(timeout=30)
     text = json.dumps(result, indent=2)
     print(text)

@@ -302,6 +302,7 @@ def register(app: typer.Typer) -> None:
         from autoscaler.act.kubernetes.config import LeaseTimings, build_backend
         from autoscaler.clock import WallClock
         from autoscaler.config import model_specs
+        from autoscaler.runtime.gcpacing import IdleCollector
         from autoscaler.runtime.kubernetes import KubernetesController
 
         clock = WallClock()
@@ -348,6 +349,8 @@ def register(app: typer.Typer) -> None:
             decision_log=decision_log,
             dry_run=dry_run,
             model_source=model_source,
+            # this process is the controller: its full garbage collections go between ticks
+            collector=IdleCollector(),
         )
         if once:
             try:

@@ -12,6 +12,7 @@ capability ships, and nothing else:
         /v1/plan, /v1/status (with each model's condition), /ui; ready while
         the driver's health says the picture is current
     LeaseElector (act/kubernetes/leader.py) -- who may act, renewed on its own thread
+    IdleCollector (gcpacing.py) -- full garbage collections between ticks, not in them
 
 The Driver's hooks carry the Kubernetes specifics: ``before_tick`` refreshes
 the model set (a ``ModelSource`` is asked every tick, so models can come and
@@ -62,6 +63,7 @@ from autoscaler.driver import Driver, Hooks, TickOutcome
 from autoscaler.loop import ControlLoop, TickResult, action_json
 from autoscaler.policy.types import Action, ModelSpec, Plan, RepartitionScope
 from autoscaler.protocols import MetricsSource
+from autoscaler.runtime.gcpacing import IdleCollector
 
 log = logging.getLogger("migscale.controller")
 
@@ -150,8 +152,11 @@ class KubernetesController:
         on_result: Callable[[TickResult], None] | None = None,
         dry_run: bool = False,
         model_source: ModelSource | None = None,
+        collector: IdleCollector | None = None,
     ) -> None:
         self.backend = backend
+        # full garbage collections between ticks (installed by ``run``: a process-wide setting)
+        self.collector = collector
         self.dry_run = dry_run  # observe and decide, never write (the client refuses every write too)
         if dry_run:
             backend.elector = None
@@ -172,7 +177,8 @@ class KubernetesController:
         # three missed ticks: one slow or failed tick is still current, a stuck loop is not
         max_age_s = 3.0 * self.policy.tick_s
         self.driver = Driver(self.loop, self.clock, tick_s=self.policy.tick_s, max_snapshot_age_s=max_age_s,
-                             hooks=Hooks(before_tick=self.before_tick, after_tick=self.after_tick))
+                             hooks=Hooks(before_tick=self.before_tick, after_tick=self.after_tick,
+                                               idle=self.idle))
         self.api_state = ApiState(cluster_cfg.namespace, max_age_s=max_age_s, clock=self.clock,
                                   health=self.driver.health)
         self.on_result = on_result
@@ -262,6 +268,11 @@ class KubernetesController:
         if self.on_result is not None:
             self.on_result(result)
 
+    def idle(self) -> None:
+        """Between ticks (the driver's wait): a due full garbage collection runs here, not in a tick."""
+        if self.collector is not None:
+            self.collector.idle()
+
     def tick(self) -> TickResult:
         """One control tick through the driver: hooks, observe -> decide -> act (or shadow), publish."""
         self.driver.step()
@@ -299,6 +310,7 @@ class KubernetesController:
             "conditions": self.backend.conditions(self._last_plan),
             "apply_calls": list(self.backend.apply_calls)[-50:],
             "backend": self.backend.stats(),
+            "gc": self.collector.stats.to_json() if self.collector is not None else None,
             "models": [{"name": m, "slo_p99_ms": v} for m, v in sorted(self.slo_p99_ms.items())],
         }
 
@@ -333,6 +345,8 @@ class KubernetesController:
         """Renew the lease on its own thread and tick until ``stop`` is set (SIGTERM); then :meth:`close`."""
         if self.elector is not None and not self.dry_run:
             self.elector.start()
+        if self.collector is not None:
+            self.collector.install()  # the caches are synced: what lives now lives long
         self.driver.run(stop)
 
     def close(self) -> None:
@@ -355,3 +369,5 @@ class KubernetesController:
                 closer()
             self.backend.close()
             self.backend.rest.close()
+            if self.collector is not None:
+                self.collector.uninstall()

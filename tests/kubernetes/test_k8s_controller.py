@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import http.server
 import json
 import os
@@ -26,6 +27,7 @@ from autoscaler.config import load_cluster, load_models, model_specs
 from autoscaler.fakes import FakeMetricsSource
 from autoscaler.observe.queries import Queries
 from autoscaler.policy.types import ActionKind
+from autoscaler.runtime.gcpacing import IdleCollector
 from autoscaler.runtime.kubernetes import KubernetesController
 
 T0 = 1_800_000_000.0
@@ -543,3 +545,37 @@ def test_the_tick_sends_its_metric_queries_before_the_backends_writes(fake, make
     # the queries go out first, their round trips overlap the writes; the tick's read takes them
     assert order == [f"prefetch {T0}", "advance", f"read {T0}"]
 
+
+
+def test_a_due_full_collection_runs_in_the_wait_between_ticks_never_in_a_tick(fake, make_controller):
+    ctl = make_controller("a", VirtualClock(T0))
+    ctl.check_lease()
+    ctl.collector = collector = IdleCollector()
+    collector.install()  # as ``run`` does
+    where = ["tick"]
+    starts: list[str] = []
+
+    def seen(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2:
+            starts.append(where[0])
+
+    ballast: list[list[int]] = []
+    advance = ctl.backend.advance
+
+    def allocating_advance():  # a tick that allocates enough for a full collection to fall due
+        ballast.extend([i] for i in range(max(len(gc.get_objects()), 100_000) + 50_000))
+        return advance()
+
+    ctl.backend.advance = allocating_advance
+    gc.callbacks.append(seen)
+    try:
+        assert ctl.tick().ok
+        assert collector.due() and starts == []
+        where[0] = "wait"
+        ctl.driver.wait(ctl.policy.tick_s, lambda: False)
+        assert starts == ["wait"] and collector.stats.collections == 1
+        assert ctl.status(None)["gc"]["collections"] == 1
+    finally:
+        gc.callbacks.remove(seen)
+        ctl.close()
+    assert gc.get_freeze_count() == 0  # close gives the interpreter its settings back
