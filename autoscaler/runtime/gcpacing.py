@@ -35,23 +35,33 @@ What this does:
   collection walks everything, frees any cycle left among the frozen objects,
   and freezes what survives again. Memory is bounded by that period.
 
+Python 3.14.0-3.14.4 shipped an incremental collector, which walks the old
+generation a slice at a time with each young collection, so no single pause
+covers the whole heap; under those versions ``install`` changes nothing and
+``idle`` never collects. 3.14.5 and 3.15 went back to the generational one.
+
 ``uninstall`` restores the thresholds and thaws. The controller process opts in
 (``migscale controller``); a library user building a ``KubernetesController``
 in their own process keeps the interpreter's settings.
 
-Reference: the ``gc`` module's documentation (``gc.freeze``, ``gc.get_count``,
-``gc.set_threshold``), https://docs.python.org/3/library/gc.html.
+References: the ``gc`` module's documentation (``gc.freeze``, ``gc.get_count``,
+``gc.set_threshold``), https://docs.python.org/3/library/gc.html; What's New in
+Python 3.15, "gc" (the incremental collector of 3.14.0-3.14.4 reverted),
+https://docs.python.org/3.15/whatsnew/3.15.html.
 """
 
 from __future__ import annotations
 
 import gc
+import sys
 import time
 from dataclasses import dataclass
 
 # Larger than any count the oldest generation can reach in a process's life: the
 # interpreter never collects it on its own.
 _NEVER = 2**30
+# The cycle collector was incremental in 3.14.0-3.14.4 only (its old generation walked in slices).
+INCREMENTAL = (3, 14, 0) <= sys.version_info[:3] < (3, 14, 5)
 
 
 @dataclass
@@ -82,7 +92,7 @@ class IdleCollector:
         self._saved: tuple[int, int, int] | None = None
 
     def install(self) -> None:
-        if self._saved is not None:
+        if self._saved is not None or INCREMENTAL:
             return
         self._saved = gc.get_threshold()
         gc.collect()

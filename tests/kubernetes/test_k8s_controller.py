@@ -27,7 +27,7 @@ from autoscaler.config import load_cluster, load_models, model_specs
 from autoscaler.fakes import FakeMetricsSource
 from autoscaler.observe.queries import Queries
 from autoscaler.policy.types import ActionKind
-from autoscaler.runtime.gcpacing import IdleCollector
+from autoscaler.runtime.gcpacing import INCREMENTAL, IdleCollector
 from autoscaler.runtime.kubernetes import KubernetesController
 
 T0 = 1_800_000_000.0
@@ -547,6 +547,7 @@ def test_the_tick_sends_its_metric_queries_before_the_backends_writes(fake, make
 
 
 
+@pytest.mark.skipif(INCREMENTAL, reason="CPython 3.14.0-3.14.4 collects the old generation incrementally")
 def test_a_due_full_collection_runs_in_the_wait_between_ticks_never_in_a_tick(fake, make_controller):
     ctl = make_controller("a", VirtualClock(T0))
     ctl.check_lease()
