@@ -111,7 +111,8 @@ class IdleCollector:
         self.stats.installed = False
 
     def due(self) -> bool:
-        """Whether the interpreter's default rule would have run a full collection by now."""
+        """Whether a full collection is due: the young generation has been collected
+        ``threshold`` times since the last one (CPython's own count)."""
         return self._saved is not None and gc.get_count()[2] >= self.threshold
 
     def idle(self) -> bool:
