@@ -316,11 +316,9 @@ def main() -> None:
         scale-downs the window still holds back, due within its 30 s."""
         n = 0
         for dg in ctl.loop.state.diagnostics.values():
-            names = [st.name for st in dg.stages]
-            if "stabilize" in names and names.index("stabilize") > 0:
-                proposal = dg.stages[names.index("stabilize") - 1].value
-                if proposal is not None and proposal < dg.current_replicas:
-                    n += 1
+            i = next((k for k, st in enumerate(dg.stages) if st.name == "stabilize"), 0)
+            if i > 0 and dg.stages[i - 1].value is not None and dg.stages[i - 1].value < dg.current_replicas:
+                n += 1
         return n
 
     def run(ticks: int, until=None) -> list[dict]:
@@ -497,7 +495,7 @@ def main() -> None:
     # full collections in each process over each phase, and (in the slowest ticks) the
     # seconds of each tick that one of the two processes spent stopped in one
     result["gc_pauses"] = {"emulation_frozen": not args.no_gc_freeze, "controller_between_ticks": collector is not None,
-                           "collector": collector.stats.to_json() if collector is not None else None, **{
+                           "collector": collector.to_json() if collector is not None else None, **{
         k: {"controller": pauses(gcp.log, *span), "emulation": pauses(emu_gc, *span)} for k, span in phases.items()}}
 
     def brief(o: dict) -> dict:

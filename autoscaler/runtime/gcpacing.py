@@ -66,7 +66,6 @@ INCREMENTAL = (3, 14, 0) <= sys.version_info[:3] < (3, 14, 5)
 
 @dataclass
 class GcStats:
-    installed: bool = False
     collections: int = 0  # full collections run between ticks
     thaws: int = 0  # of them, those that walked the frozen objects too
     last_pause_s: float | None = None
@@ -92,7 +91,7 @@ class IdleCollector:
         self._saved: tuple[int, int, int] | None = None
 
     def install(self) -> None:
-        if self._saved is not None or INCREMENTAL:
+        if self.installed or INCREMENTAL:
             return
         self._saved = gc.get_threshold()
         gc.collect()
@@ -100,7 +99,6 @@ class IdleCollector:
         self.stats.frozen = gc.get_freeze_count()
         t0, t1, _ = self._saved
         gc.set_threshold(t0, t1, _NEVER)
-        self.stats.installed = True
 
     def uninstall(self) -> None:
         if self._saved is None:
@@ -108,12 +106,18 @@ class IdleCollector:
         gc.set_threshold(*self._saved)
         self._saved = None
         gc.unfreeze()
-        self.stats.installed = False
+
+    @property
+    def installed(self) -> bool:
+        return self._saved is not None
+
+    def to_json(self) -> dict[str, object]:
+        return {"installed": self.installed, **self.stats.to_json()}
 
     def due(self) -> bool:
         """Whether a full collection is due: the young generation has been collected
         ``threshold`` times since the last one (CPython's own count)."""
-        return self._saved is not None and gc.get_count()[2] >= self.threshold
+        return self.installed and gc.get_count()[2] >= self.threshold
 
     def idle(self) -> bool:
         """Run the due full collection now (between ticks); True if one ran."""

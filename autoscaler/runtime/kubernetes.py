@@ -177,8 +177,7 @@ class KubernetesController:
         # three missed ticks: one slow or failed tick is still current, a stuck loop is not
         max_age_s = 3.0 * self.policy.tick_s
         self.driver = Driver(self.loop, self.clock, tick_s=self.policy.tick_s, max_snapshot_age_s=max_age_s,
-                             hooks=Hooks(before_tick=self.before_tick, after_tick=self.after_tick,
-                                               idle=self.idle))
+                             hooks=Hooks(before_tick=self.before_tick, after_tick=self.after_tick, idle=self.idle))
         self.api_state = ApiState(cluster_cfg.namespace, max_age_s=max_age_s, clock=self.clock,
                                   health=self.driver.health)
         self.on_result = on_result
@@ -310,7 +309,7 @@ class KubernetesController:
             "conditions": self.backend.conditions(self._last_plan),
             "apply_calls": list(self.backend.apply_calls)[-50:],
             "backend": self.backend.stats(),
-            "gc": self.collector.stats.to_json() if self.collector is not None else None,
+            "gc": self.collector.to_json() if self.collector is not None else None,
             "models": [{"name": m, "slo_p99_ms": v} for m, v in sorted(self.slo_p99_ms.items())],
         }
 

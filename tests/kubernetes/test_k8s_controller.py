@@ -546,7 +546,6 @@ def test_the_tick_sends_its_metric_queries_before_the_backends_writes(fake, make
     assert order == [f"prefetch {T0}", "advance", f"read {T0}"]
 
 
-
 @pytest.mark.skipif(INCREMENTAL, reason="CPython 3.14.0-3.14.4 collects the old generation incrementally")
 def test_a_due_full_collection_runs_in_the_wait_between_ticks_never_in_a_tick(fake, make_controller):
     ctl = make_controller("a", VirtualClock(T0))
