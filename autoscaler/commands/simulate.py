@@ -20,7 +20,8 @@ def simulate(
     models: Annotated[str, typer.Argument(help="models.yaml (with capacity tables)")],
     cluster: Annotated[str, typer.Argument(help="cluster.yaml (GPUs, initial layouts, policy)")],
     trace: Annotated[str, typer.Argument(help="trace CSV t_s,model,rps (see `migscale trace generate`)")],
-    policy: Annotated[str, typer.Option("--policy", help="migscale | hpa-queue | hpa-util | static-peak | oracle | all")]
+    policy: Annotated[str, typer.Option(
+        "--policy", help="migscale | hpa-queue | hpa-util | static-peak | oracle | all; windowed-max (analysis)")]
     = "migscale",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     plot: Annotated[str | None, typer.Option("--plot", help="write a PNG: demand vs capacity, GPUs, p99/SLO")] = None,
@@ -34,13 +35,13 @@ def simulate(
     """Simulate TRACE on CLUSTER with POLICY and print SLO attainment and GPU-hours."""
     from autoscaler.sim import report
     from autoscaler.sim.cluster import SimConfig
-    from autoscaler.sim.run import POLICIES, SimError
+    from autoscaler.sim.run import ANALYSIS_POLICIES, POLICIES, SimError
     from autoscaler.sim.run import simulate as run
     from autoscaler.sim.traces import TraceError, read_csv
 
     names = list(POLICIES) if policy == "all" else [policy]
-    if any(n not in POLICIES for n in names):
-        fail([f"--policy: must be one of {', '.join(POLICIES)} or all, got {policy!r}"])
+    if any(n not in POLICIES + ANALYSIS_POLICIES for n in names):
+        fail([f"--policy: must be one of {', '.join(POLICIES + ANALYSIS_POLICIES)} or all, got {policy!r}"])
     models_cfg = load_models_or_exit(models)
     cluster_cfg = load_cluster_or_exit(cluster)
     try:

@@ -259,11 +259,7 @@ def reactive_frontier(
         raise ValueError(f"headroom_grid: each headroom must be finite and > -1, got {bad[0]!r}")
     u = np.unique(1.0 + grid)  # the capacity multiplier 1 + h, sorted
 
-    lag = math.floor(lag_s / step_s + 1e-9)
-    w = max(1, round(window_s / step_s))
-    # seen[m, k] = max(demand[m, k-L-w+1 .. k-L]); the trace's first rate stands in before t = 0
-    ext = np.concatenate([np.repeat(d[:, :1], lag + w - 1, axis=1), d], axis=1)
-    seen = np.lib.stride_tricks.sliding_window_view(ext[:, : n_steps + w - 1], w, axis=1).max(axis=2)
+    seen = lagged_window_max(d, step_s, lag_s, window_s)
 
     to_gpu_h = step_s / 3600.0 / slices_per_gpu
     hull_g, hull_m = [], []
@@ -304,6 +300,18 @@ def reactive_frontier(
         frac = min(1.0, max(0.0, (need - cum_saved[j - 1]) / saved[j - 1]))
         out[t] = g0 + float(cum_g[j - 1] + frac * dg[j - 1])
     return out
+
+
+def lagged_window_max(demand_rps: np.ndarray, step_s: float, lag_s: float, window_s: float) -> np.ndarray:
+    """``seen[m, k] = max(demand[m, k-L-w+1 .. k-L])`` (``L = floor(lag_s / step_s)``,
+    ``w = max(1, round(window_s / step_s))`` steps): what a rule ``lag_s`` late saw over
+    its window. The trace's first rate stands in before t = 0."""
+    d = np.asarray(demand_rps, dtype=float)
+    n_steps = d.shape[1]
+    lag = math.floor(lag_s / step_s + 1e-9)
+    w = max(1, round(window_s / step_s))
+    ext = np.concatenate([np.repeat(d[:, :1], lag + w - 1, axis=1), d], axis=1)
+    return np.lib.stride_tricks.sliding_window_view(ext[:, : n_steps + w - 1], w, axis=1).max(axis=2)
 
 
 def _hinge_sums(x: np.ndarray, r: np.ndarray, u: np.ndarray) -> np.ndarray:

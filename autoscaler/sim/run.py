@@ -41,6 +41,9 @@ from autoscaler.sim.cluster import SimCluster, SimConfig
 from autoscaler.sim.traces import Trace
 
 POLICIES = ("static-peak", "hpa-queue", "hpa-util", "oracle", "migscale")
+# Run only when named (not by ``--policy all`` or the policy benchmark): the reactive
+# bound's own rule, for ``benchmarks/actuation.py`` (``sim/windowed.py``).
+ANALYSIS_POLICIES = ("windowed-max",)
 RECOVERY_TARGET = 0.999
 RECOVERY_HOLD_S = 300.0
 SPIKE_BASE_S = 600.0
@@ -147,9 +150,10 @@ def simulate_specs(
     baseline_target: float | None = None,
 ) -> Result:
     """``baseline_target``: the HPA baselines' target value (None: NVIDIA's reference
-    queue:compute ratio 1, or 70% utilisation), the knob their frontier varies."""
-    if policy_name not in POLICIES:
-        raise SimError(f"policy: must be one of {', '.join(POLICIES)}, got {policy_name!r}")
+    queue:compute ratio 1, or 70% utilisation), the knob their frontier varies; for
+    ``windowed-max``, its headroom quantile (None: migscale's)."""
+    if policy_name not in POLICIES + ANALYSIS_POLICIES:
+        raise SimError(f"policy: must be one of {', '.join(POLICIES + ANALYSIS_POLICIES)}, got {policy_name!r}")
     if not (math.isfinite(step_s) and step_s > 0):
         raise SimError(f"step_s: must be > 0, got {step_s!r}")
     specs = [s for s in specs if s.backend == "mig"]
@@ -190,6 +194,13 @@ def simulate_specs(
         )
         tick_s = cfg.sync_s
         driver = _HpaDriver(specs, cfg)
+    elif policy_name == "windowed-max":
+        from autoscaler.sim.windowed import WindowedMaxConfig
+
+        wcfg = WindowedMaxConfig(**({"quantile": baseline_target} if baseline_target is not None else {}),
+                                 tick_s=tick_s, churn_budget=getattr(policy_cfg, "churn_budget", 4))
+        driver = _WindowedMaxDriver(specs, wcfg, float(getattr(policy_cfg, "repartition_s", sim.repartition_delay_s)),
+                                    planner)
     clock = VirtualClock(-float(warmup_s))
     cluster = SimCluster(specs, slo_ms, state, clock, sim, service_rps=service_rps)
     if policy_name == "migscale":
@@ -292,6 +303,53 @@ class _HpaDriver:
         actions, self.state = bl.hpa_decide(obs, self.state, self.specs, self.cfg, now)
         errors = tuple(c.apply(actions)) if actions else ()
         return _TickOut(now, errors, self.cfg.sync_s)
+
+
+class _WindowedMaxDriver:
+    """Observe -> ``windowed.targets`` -> the production planner -> the loop's gate -> act.
+
+    The planner is called when migscale's ``decide`` would call it (``windowed.replan``):
+    a model short of a higher target than the last call saw, or the last call
+    ``replan_s`` old. Called every tick, a jittery target would start replicas and
+    delete them again before they are ready."""
+
+    def __init__(self, specs: Sequence[ModelSpec], cfg: Any, repartition_s: float, planner: Any = None) -> None:
+        from autoscaler.sim.windowed import WindowedMaxState
+
+        self.specs, self.cfg, self.repartition_s, self.planner = list(specs), cfg, repartition_s, planner
+        self.state = WindowedMaxState()
+        self.cluster: SimCluster | None = None
+        self.last: tuple[float, Mapping[str, float]] | None = None  # (t, targets) of the last planner call
+
+    def bind(self, cluster: SimCluster) -> None:
+        self.cluster = cluster
+
+    def tick(self) -> _TickOut:
+        from autoscaler.loop import hold_in_flight
+        from autoscaler.policy.decide import FAST_PATH_MIN_REPARTITION_S
+        from autoscaler.policy.planner import plan
+        from autoscaler.policy.types import Observation
+        from autoscaler.sim import windowed
+
+        c = self.cluster
+        assert c is not None
+        now = c.clock.now()
+        snap = c.snapshot()
+        busy_gpus, busy_models = c.in_flight()
+        # as the control loop does: the planner leaves GPUs with work under way alone
+        cluster = replace(snap, gpus=tuple(replace(g, busy=True) if g.id in busy_gpus else g for g in snap.gpus))
+        models, reps = c.read([s.name for s in self.specs], [r.id for r in snap.replicas], now)
+        obs = Observation(t_s=now, cluster=cluster, models=dict(models), replicas=dict(reps))
+        want, _, self.state = windowed.targets(obs, self.state, self.specs, self.cfg, now)
+        if not windowed.replan(self.last, want, cluster, self.specs, now, self.cfg):
+            return _TickOut(now, (), self.cfg.tick_s)
+        self.last = (now, want)
+        p = (self.planner or plan)(tuple(self.specs), want, cluster, churn_budget=self.cfg.churn_budget, now_s=now,
+                                   fast_path=self.repartition_s >= FAST_PATH_MIN_REPARTITION_S)
+        actions, _ = hold_in_flight(p.actions, cluster, busy_gpus, busy_models,
+                                    c.groups(p.actions) if p.actions else [])
+        errors = tuple(c.apply(actions)) if actions else ()
+        return _TickOut(now, errors, self.cfg.tick_s)
 
 
 def _static_peak_state(specs: Sequence[ModelSpec], peak: Mapping[str, float], gpus: Sequence[GpuState],

@@ -1,0 +1,220 @@
+"""The reactive bound's own rule, run as a policy (pure: no I/O, time as ``now_s``).
+
+Place in the loop: like the HPA baselines (``baselines.py``), this replaces the
+sizing half of ``decide`` -- it reads the same ``Observation`` and asks the
+production planner (``policy/planner``) for the capacity it wants, and the
+simulator's driver passes the planner's actions through the loop's own
+per-GPU/per-model gate (``loop.hold_in_flight``). Only the sizing rule differs
+from migscale's, so a benchmark that runs both measures the rule, not packing,
+make-before-break or the gate.
+
+The rule is ``baselines.reactive_frontier``'s, with nothing known in hindsight::
+
+    target[m] = (1 + h[m]) x max(rate[m] measured over the last window_s)
+
+and ``h[m]`` learned online from the model's own past: the ``quantile`` of how
+far the measured rate rose above the window's maximum as it stood ``lag_s``
+earlier (the bound's lag: scrape plus replica start), over the last
+``history_s``, clipped to [``lo``, ``hi``]; ``prior`` until ``min_samples``
+ratios exist. The bound prices the same rule with each model's headroom chosen
+with the whole trace known, on exact per-step rates, with fractional
+slices, no start time and no queueing; running it here through the simulator
+shows what those idealisations are worth on one trace
+(``benchmarks/actuation.py``).
+
+Defaults are not tuned: ``quantile``, ``history_s``, ``prior``, ``lo`` and
+``hi`` are migscale's learned-headroom settings (``forecast.HeadroomConfig``),
+``window_s`` and ``lag_s`` the bound's; ``min_samples`` is 30 minutes of 15 s
+ticks, migscale's 30 one-minute samples.
+
+Missing data: a model without a measured rate holds what runs (never a
+scale-down on a partial picture), as migscale does.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autoscaler.policy import forecast as fc
+from autoscaler.policy.types import ModelSpec, Observation, ReplicaState
+from autoscaler.sim.baselines import lagged_window_max
+
+_LIVE = (ReplicaState.STARTING, ReplicaState.READY)
+_HR = fc.HeadroomConfig()
+
+
+@dataclass(frozen=True)
+class WindowedMaxConfig:
+    quantile: float = _HR.quantile
+    window_s: float = 300.0
+    lag_s: float = 45.0
+    history_s: float = _HR.window_s
+    min_samples: int = 120
+    prior: float = _HR.prior
+    lo: float = _HR.lo
+    hi: float = _HR.hi
+    churn_budget: int | None = 4
+    tick_s: float = 15.0
+    replan_s: float = 60.0  # migscale's ``PolicyConfig.replan_s``
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.quantile <= 1.0):
+            raise ValueError(f"quantile: must be in (0, 1], got {self.quantile!r}")
+        for name in ("window_s", "history_s", "tick_s", "replan_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name}: must be > 0, got {v!r}")
+        if not (math.isfinite(self.lag_s) and self.lag_s >= 0):
+            raise ValueError(f"lag_s: must be >= 0, got {self.lag_s!r}")
+        if self.min_samples < 1:
+            raise ValueError(f"min_samples: must be >= 1, got {self.min_samples!r}")
+        if not (0.0 <= self.lo <= self.hi and math.isfinite(self.hi)):
+            raise ValueError(f"lo, hi: need 0 <= lo <= hi < inf, got {self.lo!r}, {self.hi!r}")
+
+
+@dataclass(frozen=True)
+class ModelWindow:
+    """One model's memory: rates inside the window, window maxima inside the lag, ratios."""
+
+    rates: tuple[tuple[float, float], ...] = ()  # (t, measured req/s), the last window_s
+    maxima: tuple[tuple[float, float], ...] = ()  # (t, window max then), back to lag_s ago
+    ratios: tuple[tuple[float, float], ...] = ()  # (t, rate / max lag_s earlier), oldest first
+    sorted_ratios: tuple[float, ...] = field(default=(), repr=False)
+
+
+@dataclass(frozen=True)
+class WindowedMaxState:
+    models: Mapping[str, ModelWindow] = field(default_factory=dict)
+
+
+def headroom(w: ModelWindow, cfg: WindowedMaxConfig) -> float:
+    """The learned headroom: the ratios' ``quantile`` minus one, clipped; ``prior`` until
+    there are ``min_samples`` of them."""
+    s = w.sorted_ratios
+    if len(s) < cfg.min_samples:
+        return cfg.prior
+    # the lower empirical quantile: a sample that happened, never an interpolation above it
+    i = min(len(s) - 1, max(0, math.ceil(cfg.quantile * len(s)) - 1))
+    return min(cfg.hi, max(cfg.lo, s[i] - 1.0))
+
+
+def observe(w: ModelWindow, now_s: float, rate: float | None, cfg: WindowedMaxConfig) -> ModelWindow:
+    """One tick's measurement: slide the window, record a rise ratio against the window's
+    maximum as it stood ``lag_s`` ago, forget ratios older than ``history_s``."""
+    rates = w.rates + (((now_s, rate),) if rate is not None else ())
+    rates = tuple(x for x in rates if x[0] > now_s - cfg.window_s)
+    maxima, ratios, srt = w.maxima, w.ratios, w.sorted_ratios
+    # the newest maximum at least lag_s old: the capacity a rule lag_s late would hold now
+    while len(maxima) > 1 and maxima[1][0] <= now_s - cfg.lag_s:
+        maxima = maxima[1:]
+    if rate is not None and maxima and maxima[0][0] <= now_s - cfg.lag_s and maxima[0][1] > 0:
+        r = rate / maxima[0][1]
+        ratios = ratios + ((now_s, r),)
+        i = bisect.bisect_right(srt, r)
+        srt = srt[:i] + (r,) + srt[i:]
+    if ratios and ratios[0][0] <= now_s - cfg.history_s:
+        old = [r for t, r in ratios if t <= now_s - cfg.history_s]
+        ratios = tuple(x for x in ratios if x[0] > now_s - cfg.history_s)
+        srt_l = list(srt)
+        for r in old:
+            del srt_l[bisect.bisect_left(srt_l, r)]
+        srt = tuple(srt_l)
+    if rates:
+        maxima = maxima + ((now_s, max(r for _, r in rates)),)
+    return ModelWindow(rates, maxima, ratios, srt)
+
+
+def targets(
+    obs: Observation, state: WindowedMaxState, specs: Sequence[ModelSpec], cfg: WindowedMaxConfig, now_s: float
+) -> tuple[dict[str, float], dict[str, float], WindowedMaxState]:
+    """(req/s to ask the planner for, headroom used, next state) per model."""
+    out: dict[str, float] = {}
+    used: dict[str, float] = {}
+    models = dict(state.models)
+    for s in specs:
+        sig = obs.models.get(s.name) if obs.source_ok else None
+        rate = sig.request_rate if sig is not None else None
+        if rate is not None and not (math.isfinite(rate) and rate >= 0):
+            rate = None
+        w = observe(models.get(s.name, ModelWindow()), now_s, rate, cfg)
+        models[s.name] = w
+        h = headroom(w, cfg)
+        used[s.name] = h
+        if rate is None or not w.rates:
+            out[s.name] = live_capacity(obs.cluster, s)  # blind: hold what runs
+        else:
+            out[s.name] = (1.0 + h) * max(r for _, r in w.rates)
+    return out, used, WindowedMaxState(models)
+
+
+def live_capacity(obs_cluster, spec: ModelSpec) -> float:
+    """req/s of the model's starting and ready replicas (the capacity table's)."""
+    return sum(spec.capacity.get(r.profile, 0.0) for r in obs_cluster.replicas
+               if r.model == spec.name and r.state in _LIVE)
+
+
+def replan(last: tuple[float, Mapping[str, float]] | None, want: Mapping[str, float], cluster,
+           specs: Sequence[ModelSpec], now_s: float, cfg: WindowedMaxConfig) -> bool:
+    """Call the planner this tick? As ``decide`` does: the first tick, the last call
+    ``replan_s`` old, a failed replica, or a model short of a target above the one the
+    last call saw. Otherwise what runs stands (its actions were issued then)."""
+    if last is None or now_s - last[0] >= cfg.replan_s:
+        return True
+    if any(r.state not in _LIVE and r.state is not ReplicaState.DRAINING for r in cluster.replicas):
+        return True
+    seen = last[1]
+    return any(want.get(s.name, 0.0) > live_capacity(cluster, s) * (1 + 1e-9)
+               and want.get(s.name, 0.0) > seen.get(s.name, 0.0) for s in specs)
+
+
+def price_offline(
+    demand_rps: np.ndarray,
+    per_slice_rps: np.ndarray,
+    step_s: float,
+    slices_per_gpu: int,
+    cfg: WindowedMaxConfig = WindowedMaxConfig(),
+    floor_slices: np.ndarray | None = None,
+) -> tuple[float, float]:
+    """(attainment, GPU-hours) of this rule priced as ``baselines.reactive_frontier``
+    prices its own: exact per-step rates, fractional slices, no start, no queueing,
+    ``lag_s`` of delay -- only the headroom is learned as the policy learns it, from
+    each model's past, instead of chosen with the whole trace known.
+
+    ``capacity[m, k] = max((1 + h[m, k]) * seen[m, k], floor)``, ``seen`` the bound's
+    lagged window maximum; ``h[m, k]`` is ``headroom`` over the ratios
+    ``demand[m, j] / seen[m, j]`` with ``j <= k - L`` inside ``history_s``,
+    re-learned every ``tick_s``. The ratio of its GPU-hours to the bound's at the
+    attainment it reaches is what hindsight is worth on the trace."""
+    d = np.asarray(demand_rps, dtype=float)
+    rate = np.asarray(per_slice_rps, dtype=float)
+    n_models, n_steps = d.shape
+    floor = np.zeros(n_models) if floor_slices is None else np.asarray(floor_slices, dtype=float)
+    lag = math.floor(cfg.lag_s / step_s + 1e-9)
+    seen = lagged_window_max(d, step_s, cfg.lag_s, cfg.window_s)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(seen > 0, d / seen, np.nan)
+    hist = max(1, round(cfg.history_s / step_s))
+    every = max(1, round(cfg.tick_s / step_s))
+    # min_samples counts ticks in the policy; here ratios come every step
+    need = cfg.min_samples * every
+    h = np.full((n_models, n_steps), cfg.prior)
+    for j in range(0, n_steps, every):
+        a, b = j + lag, min(n_steps, j + every + lag)
+        if a >= n_steps:
+            break
+        for i in range(n_models):
+            x = ratio[i, max(0, j - hist + 1): j + 1]
+            x = np.sort(x[np.isfinite(x)])
+            if len(x) >= need:
+                k = min(len(x) - 1, max(0, math.ceil(cfg.quantile * len(x)) - 1))
+                h[i, a:b] = min(cfg.hi, max(cfg.lo, float(x[k]) - 1.0))
+    cap = np.maximum((1.0 + h) * seen, (floor * rate)[:, None])
+    total = float(d.sum())
+    missed = float(np.maximum(d - cap, 0.0).sum())
+    gpu_h = float((cap / rate[:, None]).sum()) * step_s / 3600.0 / slices_per_gpu
+    return (1.0 - missed / total if total > 0 else 1.0), gpu_h

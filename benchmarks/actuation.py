@@ -1,0 +1,195 @@
+"""What the world's delays cost: the reactive bound's own rule and migscale, world by world.
+
+``benchmarks/generalization.py`` prices each policy against the 45 s-lag
+reactive bound (``sim/baselines.py: reactive_frontier``): a windowed max times
+a headroom chosen with hindsight, on exact rates, with fractional slices, no
+replica start, no MIG repartition and no queueing. This benchmark asks how
+much of a policy's ratio to that bound is the world and not the policy. It
+runs, on the same trace families, fleet and seeds:
+
+- ``windowed-max``: the bound's own rule with nothing known in hindsight
+  (``sim/windowed.py``: headroom learned online, at migscale's quantile),
+  through migscale's planner and the loop's gate;
+- ``migscale`` at its shipped defaults;
+
+in four simulated worlds, each removing one more delay the bound does not pay:
+
+- ``benchmark``: the world of ``generalization.py`` (metrics 15 s late over a
+  30 s window, a 30 s replica start, a 180 s MIG repartition);
+- ``no-repartition``: repartitions take no time;
+- ``no-start``: nor do replica starts;
+- ``exact-metrics``: nor does measurement (no scrape delay, a 5 s window):
+  the rules then react faster than the bound's 45 s lag.
+
+and, as a reference with no world at all, ``windowed-max`` priced exactly as the
+bound prices its rule (``windowed.price_offline``: exact rates, fractional
+slices, no start, no queueing, the 45 s lag), so that the only difference from
+the bound is the headroom learned from the past instead of chosen in hindsight.
+
+Each run is reported as attainment, GPU-hours and the ratio to the 45 s-lag
+bound at the attainment it reached (the issue's yardstick, the same in every
+world), and to the oracle held to the fleet. Nothing here chooses a default:
+both policies run at values fixed before this benchmark existed. Seeds 1-5
+are the development half, 6-10 the held-out half; the README quotes the
+held-out run.
+
+Run (~15 min for the held-out half at 8 h on 2 cores; take the heavy lock)::
+
+    flock /tmp/migscale-heavy.lock nice -n 10 .venv/bin/python benchmarks/actuation.py --seeds 6-10 --hours 8
+    .venv/bin/python benchmarks/actuation.py --families steps --seeds 1 --hours 1 --out /tmp/a.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import generalization as gen
+
+WORLDS: dict[str, dict[str, float]] = {
+    "benchmark": {},
+    "no-repartition": {"repartition_delay_s": 0.0},
+    "no-start": {"repartition_delay_s": 0.0, "start_delay_s": 0.0},
+    "exact-metrics": {"repartition_delay_s": 0.0, "start_delay_s": 0.0, "scrape_delay_s": 0.0,
+                      "metrics_window_s": gen.STEP_S},
+}
+POLICIES = ("migscale", "windowed-max")
+
+
+def run_one(job: tuple[str, int, float, str, str]) -> dict[str, Any]:
+    family, seed, hours, world, policy = job
+    from autoscaler.sim.cluster import SimConfig
+    from autoscaler.sim.run import simulate
+
+    models, cluster, trace = gen._world(family, seed, hours)
+    t0 = time.process_time()
+    r = simulate(models, cluster, trace, policy, gen.STEP_S, sim=SimConfig(step_s=gen.STEP_S, **WORLDS[world]))
+    out = {"family": family, "seed": seed, "world": world, "policy": policy, "attainment": r.slo_attainment,
+           "gpu_hours": r.gpu_hours, "errors": len(r.errors), "cpu_s": round(time.process_time() - t0, 2)}
+    if policy != "oracle":
+        a = round(r.slo_attainment, 6)
+        b = gen.bound_hours(family, seed, hours, [a])[a]
+        out["bound_gpu_hours"] = b
+    return out
+
+
+def priced_one(job: tuple[str, int, float]) -> dict[str, Any]:
+    """``windowed-max`` priced like the bound on one trace, and the bound at its attainment."""
+    import numpy as np
+
+    from autoscaler.config import initial_cluster_state, model_specs
+    from autoscaler.mig import get_product
+    from autoscaler.sim import baselines as bl
+    from autoscaler.sim import windowed as wm
+
+    family, seed, hours = job
+    models, cluster, trace = gen._world(family, seed, hours)
+    specs = model_specs(models, cluster)
+    _, grid = trace.on_grid(gen.STEP_S)
+    demand = np.array([grid[trace.index(s.name)] for s in specs])
+    product = initial_cluster_state(cluster).gpus[0].product
+    rates, floors = bl.slice_rates(specs, product)
+    att, gpu_h = wm.price_offline(demand, rates, gen.STEP_S, get_product(product).compute_slices,
+                                  wm.WindowedMaxConfig(lag_s=gen.BOUND_LAG_S, window_s=gen.BOUND_WINDOW_S),
+                                  floor_slices=floors)
+    a = round(att, 6)
+    return {"family": family, "seed": seed, "world": "priced-like-the-bound", "policy": "windowed-max",
+            "attainment": att, "gpu_hours": gpu_h, "errors": 0,
+            "bound_gpu_hours": gen.bound_hours(family, seed, hours, [a])[a]}
+
+
+def _mean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def summarise(runs: list[dict[str, Any]], families: list[str]) -> dict[str, Any]:
+    """world -> policy -> family (and overall) -> mean attainment, GPU-hours and ratios."""
+    oracle = {(r["family"], r["seed"]): r["gpu_hours"] for r in runs if r["policy"] == "oracle"}
+    out: dict[str, Any] = {}
+    for world in ["priced-like-the-bound", *WORLDS]:
+        out[world] = {}
+        for pol in POLICIES:
+            rows: dict[str, Any] = {}
+            for fam in [*families, "overall"]:
+                rs = [r for r in runs if r["world"] == world and r["policy"] == pol
+                      and (fam == "overall" or r["family"] == fam)]
+                if not rs:
+                    continue
+                vb = [r["gpu_hours"] / r["bound_gpu_hours"] for r in rs if r.get("bound_gpu_hours")]
+                o_h = sum(oracle.get((r["family"], r["seed"]), 0.0) for r in rs)
+                rows[fam] = {"attainment": _r(_mean([r["attainment"] for r in rs]), 6),
+                             "gpu_hours": _r(_mean([r["gpu_hours"] for r in rs]), 2),
+                             "vs_reactive_bound": _r(_mean(vb), 3),
+                             # runs whose attainment the bound cannot reach on its grid are left out
+                             "bound_runs": len(vb),
+                             "vs_oracle": _r(sum(r["gpu_hours"] for r in rs) / o_h, 3) if o_h else None,
+                             "errors": sum(r["errors"] for r in rs), "runs": len(rs)}
+            if rows:
+                out[world][pol] = rows
+        if not out[world]:
+            del out[world]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--families", default="heavytail,flashcrowd,onoff,steps,weekly,mixed")
+    ap.add_argument("--seeds", default="6-10")
+    ap.add_argument("--hours", type=float, default=8.0)
+    ap.add_argument("--worlds", default=",".join(WORLDS))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", default=str(gen.RESULTS / "actuation.json"))
+    args = ap.parse_args(argv)
+    families = [f for f in args.families.split(",") if f]
+    worlds = [w for w in args.worlds.split(",") if w]
+    bad = [w for w in worlds if w not in WORLDS]
+    if bad:
+        ap.error(f"--worlds: unknown {bad}; choose from {', '.join(WORLDS)}")
+    seeds = gen._seeds(args.seeds)
+    t0 = time.perf_counter()
+    jobs = [(f, s, args.hours, "benchmark", "oracle") for f in families for s in seeds]
+    jobs += [(f, s, args.hours, w, p) for w in worlds for p in POLICIES for f in families for s in seeds]
+    runs: list[dict[str, Any]] = []
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        for i, r in enumerate(pool.map(run_one, jobs), 1):
+            runs.append(r)
+            print(f"[{i}/{len(jobs)}] {r['world']} {r['family']} s{r['seed']} {r['policy']}: "
+                  f"{100 * r['attainment']:.2f}% {r['gpu_hours']:.1f} GPU-h", file=sys.stderr, flush=True)
+        runs += list(pool.map(priced_one, [(f, s, args.hours) for f in families for s in seeds]))
+    out = {
+        "setup": {"families": families, "seeds": list(seeds), "hours": args.hours, "step_s": gen.STEP_S,
+                  "worlds": {w: WORLDS[w] for w in worlds}, "policies": list(POLICIES),
+                  "reactive_bound": {"lag_s": gen.BOUND_LAG_S, "window_s": gen.BOUND_WINDOW_S},
+                  "heldout": all(s in gen.HELDOUT_SEEDS for s in seeds), "code": gen.code_fingerprint(),
+                  "workers": args.workers},
+        "summary": summarise(runs, families),
+        "runs": sorted(runs, key=lambda r: (r["world"], r["policy"], r["family"], r["seed"])),
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
+    text = json.dumps(out)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    raise SystemExit(main())
