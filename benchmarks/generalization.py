@@ -280,14 +280,19 @@ def _seeds(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def world_args(ap: argparse.ArgumentParser, seeds: str, hours: float) -> None:
+    """The options every trace-family benchmark takes: which traces, how long, how many workers."""
+    ap.add_argument("--families", default="heavytail,flashcrowd,onoff,steps,weekly,mixed")
+    ap.add_argument("--seeds", default=seeds)
+    ap.add_argument("--hours", type=float, default=hours)
+    ap.add_argument("--workers", type=int, default=2)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--families", default="heavytail,flashcrowd,onoff,steps,weekly,mixed")
-    ap.add_argument("--seeds", default="1-10")
-    ap.add_argument("--hours", type=float, default=24.0)
+    world_args(ap, seeds="1-10", hours=24.0)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--no-frontier", action="store_true", help="each policy at its default knob only")
-    ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--chosen-from", default=None,
                     help="the development run's JSON: its defaults and frontier are copied into this output")
     ap.add_argument("--migscale-knob", type=float, default=None,

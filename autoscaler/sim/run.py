@@ -280,32 +280,48 @@ class _TickOut:
     ok: bool = True
 
 
-class _HpaDriver:
-    """Observe -> ``baselines.hpa_decide`` -> act, every HPA sync period."""
+class _BaselineDriver:
+    """What a baseline's driver shares: the simulated cluster, and one observation of it."""
 
-    def __init__(self, specs: Sequence[ModelSpec], cfg: bl.HpaBaselineConfig) -> None:
-        self.specs, self.cfg = list(specs), cfg
-        self.state = bl.HpaBaselineState()
+    def __init__(self, specs: Sequence[ModelSpec]) -> None:
+        self.specs = list(specs)
         self.cluster: SimCluster | None = None
 
     def bind(self, cluster: SimCluster) -> None:
         self.cluster = cluster
 
-    def tick(self) -> _TickOut:
+    def _observe(self, busy_gpus: frozenset[str] = frozenset()) -> Any:
+        """An ``Observation`` of now; GPUs in ``busy_gpus`` marked busy, as the control loop does
+        (the planner leaves GPUs with work under way alone)."""
         from autoscaler.policy.types import Observation
 
         c = self.cluster
         assert c is not None
         now = c.clock.now()
         snap = c.snapshot()
+        if busy_gpus:
+            snap = replace(snap, gpus=tuple(replace(g, busy=True) if g.id in busy_gpus else g for g in snap.gpus))
         models, reps = c.read([s.name for s in self.specs], [r.id for r in snap.replicas], now)
-        obs = Observation(t_s=now, cluster=snap, models=dict(models), replicas=dict(reps))
-        actions, self.state = bl.hpa_decide(obs, self.state, self.specs, self.cfg, now)
-        errors = tuple(c.apply(actions)) if actions else ()
-        return _TickOut(now, errors, self.cfg.sync_s)
+        return Observation(t_s=now, cluster=snap, models=dict(models), replicas=dict(reps))
 
 
-class _WindowedMaxDriver:
+class _HpaDriver(_BaselineDriver):
+    """Observe -> ``baselines.hpa_decide`` -> act, every HPA sync period."""
+
+    def __init__(self, specs: Sequence[ModelSpec], cfg: bl.HpaBaselineConfig) -> None:
+        super().__init__(specs)
+        self.cfg = cfg
+        self.state = bl.HpaBaselineState()
+
+    def tick(self) -> _TickOut:
+        obs = self._observe()
+        actions, self.state = bl.hpa_decide(obs, self.state, self.specs, self.cfg, obs.t_s)
+        assert self.cluster is not None
+        errors = tuple(self.cluster.apply(actions)) if actions else ()
+        return _TickOut(obs.t_s, errors, self.cfg.sync_s)
+
+
+class _WindowedMaxDriver(_BaselineDriver):
     """Observe -> ``windowed.targets`` -> the production planner -> the loop's gate -> act.
 
     The planner is called when migscale's ``decide`` would call it (``windowed.replan``):
@@ -316,30 +332,22 @@ class _WindowedMaxDriver:
     def __init__(self, specs: Sequence[ModelSpec], cfg: Any, repartition_s: float, planner: Any = None) -> None:
         from autoscaler.sim.windowed import WindowedMaxState
 
-        self.specs, self.cfg, self.repartition_s, self.planner = list(specs), cfg, repartition_s, planner
+        super().__init__(specs)
+        self.cfg, self.repartition_s, self.planner = cfg, repartition_s, planner
         self.state = WindowedMaxState()
-        self.cluster: SimCluster | None = None
         self.last: tuple[float, Mapping[str, float]] | None = None  # (t, targets) of the last planner call
-
-    def bind(self, cluster: SimCluster) -> None:
-        self.cluster = cluster
 
     def tick(self) -> _TickOut:
         from autoscaler.loop import hold_in_flight
         from autoscaler.policy.decide import FAST_PATH_MIN_REPARTITION_S
         from autoscaler.policy.planner import plan
-        from autoscaler.policy.types import Observation
         from autoscaler.sim import windowed
 
         c = self.cluster
         assert c is not None
-        now = c.clock.now()
-        snap = c.snapshot()
         busy_gpus, busy_models = c.in_flight()
-        # as the control loop does: the planner leaves GPUs with work under way alone
-        cluster = replace(snap, gpus=tuple(replace(g, busy=True) if g.id in busy_gpus else g for g in snap.gpus))
-        models, reps = c.read([s.name for s in self.specs], [r.id for r in snap.replicas], now)
-        obs = Observation(t_s=now, cluster=cluster, models=dict(models), replicas=dict(reps))
+        obs = self._observe(frozenset(busy_gpus))
+        now, cluster = obs.t_s, obs.cluster
         want, _, self.state = windowed.targets(obs, self.state, self.specs, self.cfg, now)
         if not windowed.replan(self.last, want, cluster, self.specs, now, self.cfg):
             return _TickOut(now, (), self.cfg.tick_s)
