@@ -45,7 +45,6 @@ Run (~15 min for the held-out half at 8 h on 2 cores; take the heavy lock)::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -217,11 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": sorted(runs, key=lambda r: (r["world"], r["policy"], r["family"], r["seed"])),
         "wall_s": round(time.perf_counter() - t0, 1),
     }
-    text = json.dumps(out)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-    print(text)
+    gen.emit(out, args.out)
     return 0
 
 

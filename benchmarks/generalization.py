@@ -410,12 +410,17 @@ def main(argv: list[str] | None = None) -> int:
         plot(front_held if held else front_dev, summ.get("overall", {}).get("oracle", {}), curve, Path(args.plot),
              f"{len(families)} families x seeds {list(half)}, 12 models, 16 x A100-80GB, {args.hours:g} h",
              "held-out seeds" if held else "development seeds")
-    text = json.dumps(out)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-    print(text)
+    emit(out, args.out)
     return 0
+
+
+def emit(out: dict[str, Any], path: str | None) -> None:
+    """Print the result as one JSON line, and write it to ``path`` as well (if any)."""
+    text = json.dumps(out)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text + "\n")
+    print(text)
 
 
 def _dev_summary(path: str | None) -> dict[str, Any] | None:
