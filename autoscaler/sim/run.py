@@ -335,7 +335,7 @@ class _WindowedMaxDriver(_BaselineDriver):
         super().__init__(specs)
         self.cfg, self.repartition_s, self.planner = cfg, repartition_s, planner
         self.state = WindowedMaxState()
-        self.last: tuple[float, Mapping[str, float]] | None = None  # (t, targets) of the last planner call
+        self.last: Any = None  # windowed.LastCall: the last planner call
 
     def tick(self) -> _TickOut:
         from autoscaler.loop import hold_in_flight
@@ -351,7 +351,7 @@ class _WindowedMaxDriver(_BaselineDriver):
         want, _, self.state = windowed.targets(obs, self.state, self.specs, self.cfg, now)
         if not windowed.replan(self.last, want, cluster, self.specs, now, self.cfg):
             return _TickOut(now, (), self.cfg.tick_s)
-        self.last = (now, want)
+        self.last = windowed.LastCall(now, want, windowed.failed(cluster))
         p = (self.planner or plan)(tuple(self.specs), want, cluster, churn_budget=self.cfg.churn_budget, now_s=now,
                                    fast_path=self.repartition_s >= FAST_PATH_MIN_REPARTITION_S)
         actions, _ = hold_in_flight(p.actions, cluster, busy_gpus, busy_models,

@@ -37,6 +37,7 @@ import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -158,18 +159,31 @@ def live_capacity(obs_cluster, spec: ModelSpec) -> float:
                if r.model == spec.name and r.state in _LIVE)
 
 
-def replan(last: tuple[float, Mapping[str, float]] | None, want: Mapping[str, float], cluster,
+class LastCall(NamedTuple):
+    """What the planner was last called with: when, the targets, the failed replicas then."""
+
+    t_s: float
+    targets: Mapping[str, float]
+    failed: frozenset[str]
+
+
+def failed(cluster) -> frozenset[str]:
+    """Replicas that are neither starting, ready nor draining: failed, the planner's to replace."""
+    return frozenset(r.id for r in cluster.replicas if r.state not in _LIVE and r.state is not ReplicaState.DRAINING)
+
+
+def replan(last: LastCall | None, want: Mapping[str, float], cluster,
            specs: Sequence[ModelSpec], now_s: float, cfg: WindowedMaxConfig) -> bool:
     """Call the planner this tick? As ``decide`` does: the first tick, the last call
-    ``replan_s`` old, a failed replica, or a model short of a target above the one the
-    last call saw. Otherwise what runs stands (its actions were issued then)."""
-    if last is None or now_s - last[0] >= cfg.replan_s:
+    ``replan_s`` old, a replica failed since the last call (one it already saw is not
+    news), or a model short of a target above the one the last call saw. Otherwise what
+    runs stands (its actions were issued then)."""
+    if last is None or now_s - last.t_s >= cfg.replan_s:
         return True
-    if any(r.state not in _LIVE and r.state is not ReplicaState.DRAINING for r in cluster.replicas):
+    if failed(cluster) - last.failed:
         return True
-    seen = last[1]
     return any(want.get(s.name, 0.0) > live_capacity(cluster, s) * (1 + 1e-9)
-               and want.get(s.name, 0.0) > seen.get(s.name, 0.0) for s in specs)
+               and want.get(s.name, 0.0) > last.targets.get(s.name, 0.0) for s in specs)
 
 
 def price_offline(

@@ -104,14 +104,18 @@ def test_targets_are_headroom_times_the_window_max_and_blind_models_hold_what_ru
 def test_replan_only_when_decide_would():
     ready = ClusterState((GPU,), (Replica("m-0", "m", "2g.20gb", "g0", 0, ReplicaState.READY, 0.0),))
     assert wm.replan(None, {"m": 100.0}, ready, [SPEC], 0.0, CFG)
-    last = (0.0, {"m": 300.0})
+    last = wm.LastCall(0.0, {"m": 300.0}, wm.failed(ready))
     assert not wm.replan(last, {"m": 150.0}, ready, [SPEC], 15.0, CFG)  # covered, and recent
     assert not wm.replan(last, {"m": 250.0}, ready, [SPEC], 15.0, CFG)  # short, but the call saw more
     assert wm.replan(last, {"m": 320.0}, ready, [SPEC], 15.0, CFG)  # short of a higher target
     assert wm.replan(last, {"m": 150.0}, ready, [SPEC], CFG.replan_s, CFG)  # periodic
     failed = ClusterState((GPU,), ready.replicas + (Replica("m-1", "m", "1g.10gb", "g0", 3,
                                                              ReplicaState.FAILED, 0.0),))
-    assert wm.replan(last, {"m": 150.0}, failed, [SPEC], 15.0, CFG)
+    assert wm.failed(failed) == {"m-1"}
+    assert wm.replan(last, {"m": 150.0}, failed, [SPEC], 15.0, CFG)  # failed since the last call
+    # one the last call already saw is not news: no planner call on every tick for it
+    seen = wm.LastCall(0.0, {"m": 300.0}, wm.failed(failed))
+    assert not wm.replan(seen, {"m": 150.0}, failed, [SPEC], 15.0, CFG)
 
 
 @pytest.mark.parametrize("field,value", [("quantile", 0.0), ("quantile", 1.5), ("window_s", 0.0),
