@@ -68,9 +68,8 @@ WORLDS: dict[str, dict[str, float]] = {
     "no-start": {"repartition_delay_s": 0.0, "start_delay_s": 0.0},
     "exact-metrics": {"repartition_delay_s": 0.0, "start_delay_s": 0.0, "scrape_delay_s": 0.0,
                       "metrics_window_s": gen.STEP_S},
-    "fast-decisions": {"repartition_delay_s": 0.0, "start_delay_s": 0.0, "scrape_delay_s": 0.0,
-                       "metrics_window_s": gen.STEP_S},
 }
+WORLDS["fast-decisions"] = dict(WORLDS["exact-metrics"])
 # Not the world but how often and how much the policies may act there: a decision every
 # step (5 s, not 15 s) and no bound on moves a tick (the churn budget).
 CADENCE: dict[str, dict[str, Any]] = {"fast-decisions": {"tick_s": gen.STEP_S, "churn_budget": None}}
@@ -101,21 +100,11 @@ def run_one(job: tuple) -> dict[str, Any]:
 
 def priced_one(job: tuple[str, int, float]) -> dict[str, Any]:
     """``windowed-max`` priced like the bound on one trace, and the bound at its attainment."""
-    import numpy as np
-
-    from autoscaler.config import initial_cluster_state, model_specs
-    from autoscaler.mig import get_product
-    from autoscaler.sim import baselines as bl
     from autoscaler.sim import windowed as wm
 
     family, seed, hours = job
-    models, cluster, trace = gen._world(family, seed, hours)
-    specs = model_specs(models, cluster)
-    _, grid = trace.on_grid(gen.STEP_S)
-    demand = np.array([grid[trace.index(s.name)] for s in specs])
-    product = initial_cluster_state(cluster).gpus[0].product
-    rates, floors = bl.slice_rates(specs, product)
-    att, gpu_h = wm.price_offline(demand, rates, gen.STEP_S, get_product(product).compute_slices,
+    demand, rates, floors, per_gpu = gen.priced_demand(family, seed, hours)
+    att, gpu_h = wm.price_offline(demand, rates, gen.STEP_S, per_gpu,
                                   wm.WindowedMaxConfig(lag_s=gen.BOUND_LAG_S, window_s=gen.BOUND_WINDOW_S),
                                   floor_slices=floors)
     a = round(att, 6)

@@ -127,8 +127,9 @@ def _bound(oracle, models, cluster) -> dict[str, Any]:
     return {"rates": rates.tolist(), "floors": floors.tolist()}
 
 
-def bound_hours(family: str, seed: int, hours: float, targets: list[float]) -> dict[float, float | None]:
-    """GPU-hours the 45 s-lag reactive bound needs for each attainment in ``targets``."""
+def priced_demand(family: str, seed: int, hours: float):
+    """What the bounds price on one trace: (demand on the step grid, per model x step; req/s per
+    compute slice and floor in slices, per model; compute slices per GPU)."""
     import numpy as np
 
     from autoscaler.config import initial_cluster_state, model_specs
@@ -141,8 +142,16 @@ def bound_hours(family: str, seed: int, hours: float, targets: list[float]) -> d
     demand = np.array([grid[trace.index(s.name)] for s in specs])
     product = initial_cluster_state(cluster).gpus[0].product
     rates, floors = bl.slice_rates(specs, product)
+    return demand, rates, floors, get_product(product).compute_slices
+
+
+def bound_hours(family: str, seed: int, hours: float, targets: list[float]) -> dict[float, float | None]:
+    """GPU-hours the 45 s-lag reactive bound needs for each attainment in ``targets``."""
+    from autoscaler.sim import baselines as bl
+
+    demand, rates, floors, per_gpu = priced_demand(family, seed, hours)
     ok = [t for t in targets if 0 < t <= 1]
-    got = bl.reactive_frontier(demand, rates, STEP_S, get_product(product).compute_slices, BOUND_LAG_S,
+    got = bl.reactive_frontier(demand, rates, STEP_S, per_gpu, BOUND_LAG_S,
                                BOUND_WINDOW_S, sorted(set(ok)) or [0.99], floor_slices=floors) if ok else {}
     return {t: got.get(t) for t in targets}
 

@@ -731,7 +731,8 @@ def _room(cluster: ClusterState) -> tuple:
             frozenset((r.gpu, r.start, r.profile) for r in cluster.replicas))
 
 
-def _failed(cluster: ClusterState) -> frozenset[str]:
+def failed_replicas(cluster: ClusterState) -> frozenset[str]:
+    """Replicas neither starting, ready nor draining: failed, the planner's to replace."""
     return frozenset(r.id for r in cluster.replicas if r.state not in _LIVE and r.state is not ReplicaState.DRAINING)
 
 
@@ -770,7 +771,7 @@ def _replan(memo: _Memo | None, key: tuple, target_rps: Mapping[str, float], cap
         return Replan.SETTINGS
     if tuple(g.id for g in cluster.gpus) != tuple(g.id for g in cluster0.gpus):
         return Replan.GPUS
-    if _failed(cluster) - _failed(cluster0):
+    if failed_replicas(cluster) - failed_replicas(cluster0):
         return Replan.FAILED
     roomier: bool | None = None  # the cluster's room differs from the last call's (computed once, if asked)
 

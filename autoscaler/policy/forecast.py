@@ -166,23 +166,12 @@ def observe(h: Headroom, t_s: float, rate: float | None, forecast_rps: float | N
     opened = h.open
     if rate is not None and any(rate > m0 for _, _, m0 in opened):
         opened = tuple((t0, f0, max(m0, rate)) for t0, f0, m0 in opened)
-    ratios, srt = h.ratios, h.sorted_ratios
+    new: list[tuple[float, float]] = []
     if opened and t_s - opened[0][0] >= horizon_s:
         closed = [o for o in opened if t_s - o[0] >= horizon_s]
         opened = tuple(o for o in opened if t_s - o[0] < horizon_s)
         new = [(t_s, m0 / f0) for _, f0, m0 in closed if f0 > 0]
-        ratios = ratios + tuple(new)
-        for _, r in new:  # kept sorted by insertion: one copy, not a sort
-            i = bisect.bisect_right(srt, r)
-            srt = srt[:i] + (r,) + srt[i:]
-    cut = t_s - cfg.window_s
-    if ratios and ratios[0][0] <= cut:
-        k = 0
-        while k < len(ratios) and ratios[k][0] <= cut:
-            i = bisect.bisect_left(srt, ratios[k][1])
-            srt = srt[:i] + srt[i + 1:]
-            k += 1
-        ratios = ratios[k:]
+    ratios, srt = slide(h.ratios, h.sorted_ratios, new, t_s - cfg.window_s)
     last = h.last_sample_s
     if forecast_rps is not None and forecast_rps > 0 and (last is None or t_s - last >= cfg.sample_s - 1e-9):
         opened = opened + ((t_s, forecast_rps, rate if rate is not None else 0.0),)
@@ -190,6 +179,26 @@ def observe(h: Headroom, t_s: float, rate: float | None, forecast_rps: float | N
     if ratios is h.ratios:
         return Headroom(opened, ratios, h.value, last, srt)
     return Headroom(opened, ratios, _quantile_headroom(srt, cfg), last, srt)
+
+
+def slide(ratios: tuple[tuple[float, float], ...], srt: tuple[float, ...], new, cut_s: float
+          ) -> tuple[tuple[tuple[float, float], ...], tuple[float, ...]]:
+    """A time window of (t, ratio) samples, oldest first, and its sorted copy: add ``new``,
+    forget those at or before ``cut_s``. The sorted copy is kept by insertion and removal
+    (one copy each, not a sort). Returns the same tuples when nothing changed."""
+    if new:
+        ratios = ratios + tuple(new)
+        for _, r in new:
+            i = bisect.bisect_right(srt, r)
+            srt = srt[:i] + (r,) + srt[i:]
+    if ratios and ratios[0][0] <= cut_s:
+        k = 0
+        while k < len(ratios) and ratios[k][0] <= cut_s:
+            i = bisect.bisect_left(srt, ratios[k][1])
+            srt = srt[:i] + srt[i + 1:]
+            k += 1
+        ratios = ratios[k:]
+    return ratios, srt
 
 
 def _quantile_headroom(srt: tuple[float, ...], cfg: HeadroomConfig) -> float | None:

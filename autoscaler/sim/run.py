@@ -339,7 +339,7 @@ class _WindowedMaxDriver(_BaselineDriver):
 
     def tick(self) -> _TickOut:
         from autoscaler.loop import hold_in_flight
-        from autoscaler.policy.decide import FAST_PATH_MIN_REPARTITION_S
+        from autoscaler.policy.decide import FAST_PATH_MIN_REPARTITION_S, failed_replicas
         from autoscaler.policy.planner import plan
         from autoscaler.sim import windowed
 
@@ -348,10 +348,10 @@ class _WindowedMaxDriver(_BaselineDriver):
         busy_gpus, busy_models = c.in_flight()
         obs = self._observe(frozenset(busy_gpus))
         now, cluster = obs.t_s, obs.cluster
-        want, _, self.state = windowed.targets(obs, self.state, self.specs, self.cfg, now)
+        want, self.state = windowed.targets(obs, self.state, self.specs, self.cfg, now)
         if not windowed.replan(self.last, want, cluster, self.specs, now, self.cfg):
             return _TickOut(now, (), self.cfg.tick_s)
-        self.last = windowed.LastCall(now, want, windowed.failed(cluster))
+        self.last = windowed.LastCall(now, want, failed_replicas(cluster))
         p = (self.planner or plan)(tuple(self.specs), want, cluster, churn_budget=self.cfg.churn_budget, now_s=now,
                                    fast_path=self.repartition_s >= FAST_PATH_MIN_REPARTITION_S)
         actions, _ = hold_in_flight(p.actions, cluster, busy_gpus, busy_models,

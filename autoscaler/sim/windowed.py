@@ -33,7 +33,6 @@ scale-down on a partial picture), as migscale does.
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,10 +41,10 @@ from typing import NamedTuple
 import numpy as np
 
 from autoscaler.policy import forecast as fc
-from autoscaler.policy.types import ModelSpec, Observation, ReplicaState
+from autoscaler.policy.decide import current_capacity, failed_replicas
+from autoscaler.policy.types import ModelSpec, Observation
 from autoscaler.sim.baselines import lagged_window_max
 
-_LIVE = (ReplicaState.STARTING, ReplicaState.READY)
 _HR = fc.HeadroomConfig()
 
 
@@ -113,18 +112,9 @@ def observe(w: ModelWindow, now_s: float, rate: float | None, cfg: WindowedMaxCo
     # the newest maximum at least lag_s old: the capacity a rule lag_s late would hold now
     while len(maxima) > 1 and maxima[1][0] <= now_s - cfg.lag_s:
         maxima = maxima[1:]
-    if rate is not None and maxima and maxima[0][0] <= now_s - cfg.lag_s and maxima[0][1] > 0:
-        r = rate / maxima[0][1]
-        ratios = ratios + ((now_s, r),)
-        i = bisect.bisect_right(srt, r)
-        srt = srt[:i] + (r,) + srt[i:]
-    if ratios and ratios[0][0] <= now_s - cfg.history_s:
-        old = [r for t, r in ratios if t <= now_s - cfg.history_s]
-        ratios = tuple(x for x in ratios if x[0] > now_s - cfg.history_s)
-        srt_l = list(srt)
-        for r in old:
-            del srt_l[bisect.bisect_left(srt_l, r)]
-        srt = tuple(srt_l)
+    seen = rate is not None and maxima and maxima[0][0] <= now_s - cfg.lag_s and maxima[0][1] > 0
+    new = ((now_s, rate / maxima[0][1]),) if seen else ()
+    ratios, srt = fc.slide(ratios, srt, new, now_s - cfg.history_s)
     if rates:
         maxima = maxima + ((now_s, max(r for _, r in rates)),)
     return ModelWindow(rates, maxima, ratios, srt)
@@ -132,10 +122,9 @@ def observe(w: ModelWindow, now_s: float, rate: float | None, cfg: WindowedMaxCo
 
 def targets(
     obs: Observation, state: WindowedMaxState, specs: Sequence[ModelSpec], cfg: WindowedMaxConfig, now_s: float
-) -> tuple[dict[str, float], dict[str, float], WindowedMaxState]:
-    """(req/s to ask the planner for, headroom used, next state) per model."""
+) -> tuple[dict[str, float], WindowedMaxState]:
+    """(req/s to ask the planner for per model, next state)."""
     out: dict[str, float] = {}
-    used: dict[str, float] = {}
     models = dict(state.models)
     for s in specs:
         sig = obs.models.get(s.name) if obs.source_ok else None
@@ -144,19 +133,11 @@ def targets(
             rate = None
         w = observe(models.get(s.name, ModelWindow()), now_s, rate, cfg)
         models[s.name] = w
-        h = headroom(w, cfg)
-        used[s.name] = h
         if rate is None or not w.rates:
-            out[s.name] = live_capacity(obs.cluster, s)  # blind: hold what runs
+            out[s.name] = current_capacity(s, obs.cluster)[1]  # blind: hold what runs
         else:
-            out[s.name] = (1.0 + h) * max(r for _, r in w.rates)
-    return out, used, WindowedMaxState(models)
-
-
-def live_capacity(obs_cluster, spec: ModelSpec) -> float:
-    """req/s of the model's starting and ready replicas (the capacity table's)."""
-    return sum(spec.capacity.get(r.profile, 0.0) for r in obs_cluster.replicas
-               if r.model == spec.name and r.state in _LIVE)
+            out[s.name] = (1.0 + headroom(w, cfg)) * max(r for _, r in w.rates)
+    return out, WindowedMaxState(models)
 
 
 class LastCall(NamedTuple):
@@ -167,11 +148,6 @@ class LastCall(NamedTuple):
     failed: frozenset[str]
 
 
-def failed(cluster) -> frozenset[str]:
-    """Replicas that are neither starting, ready nor draining: failed, the planner's to replace."""
-    return frozenset(r.id for r in cluster.replicas if r.state not in _LIVE and r.state is not ReplicaState.DRAINING)
-
-
 def replan(last: LastCall | None, want: Mapping[str, float], cluster,
            specs: Sequence[ModelSpec], now_s: float, cfg: WindowedMaxConfig) -> bool:
     """Call the planner this tick? As ``decide`` does: the first tick, the last call
@@ -180,9 +156,9 @@ def replan(last: LastCall | None, want: Mapping[str, float], cluster,
     runs stands (its actions were issued then)."""
     if last is None or now_s - last.t_s >= cfg.replan_s:
         return True
-    if failed(cluster) - last.failed:
+    if failed_replicas(cluster) - last.failed:
         return True
-    return any(want.get(s.name, 0.0) > live_capacity(cluster, s) * (1 + 1e-9)
+    return any(want.get(s.name, 0.0) > current_capacity(s, cluster)[1] * (1 + 1e-9)
                and want.get(s.name, 0.0) > last.targets.get(s.name, 0.0) for s in specs)
 
 

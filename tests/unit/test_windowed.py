@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from autoscaler.config import parse_cluster, parse_models
+from autoscaler.policy.decide import failed_replicas
 from autoscaler.policy.types import (
     ClusterState,
     GpuState,
@@ -88,33 +89,33 @@ def test_targets_are_headroom_times_the_window_max_and_blind_models_hold_what_ru
                Replica("m-2", "m", "1g.10gb", "g0", 3, ReplicaState.FAILED, 0.0))
     st = wm.WindowedMaxState()
     for k, r in enumerate([80.0, 120.0, 90.0]):
-        want, used, st = wm.targets(_obs(r, running, now=10.0 * k), st, [SPEC], CFG, 10.0 * k)
-    assert used["m"] == CFG.prior
+        want, st = wm.targets(_obs(r, running, now=10.0 * k), st, [SPEC], CFG, 10.0 * k)
+    assert wm.headroom(st.models["m"], CFG) == CFG.prior
     assert want["m"] == pytest.approx(1.2 * 120.0)
     # no rate, or the source down: hold the live replicas' capacity (210 + 100), not the failed one
-    want, _, _ = wm.targets(_obs(None, running, now=30.0), st, [SPEC], CFG, 30.0)
+    want, _ = wm.targets(_obs(None, running, now=30.0), st, [SPEC], CFG, 30.0)
     assert want["m"] == pytest.approx(310.0)
-    want, _, _ = wm.targets(_obs(500.0, running, source_ok=False, now=30.0), st, [SPEC], CFG, 30.0)
+    want, _ = wm.targets(_obs(500.0, running, source_ok=False, now=30.0), st, [SPEC], CFG, 30.0)
     assert want["m"] == pytest.approx(310.0)
     # a non-finite or negative rate is no measurement either
-    want, _, _ = wm.targets(_obs(float("nan"), running, now=30.0), st, [SPEC], CFG, 30.0)
+    want, _ = wm.targets(_obs(float("nan"), running, now=30.0), st, [SPEC], CFG, 30.0)
     assert want["m"] == pytest.approx(310.0)
 
 
 def test_replan_only_when_decide_would():
     ready = ClusterState((GPU,), (Replica("m-0", "m", "2g.20gb", "g0", 0, ReplicaState.READY, 0.0),))
     assert wm.replan(None, {"m": 100.0}, ready, [SPEC], 0.0, CFG)
-    last = wm.LastCall(0.0, {"m": 300.0}, wm.failed(ready))
+    last = wm.LastCall(0.0, {"m": 300.0}, failed_replicas(ready))
     assert not wm.replan(last, {"m": 150.0}, ready, [SPEC], 15.0, CFG)  # covered, and recent
     assert not wm.replan(last, {"m": 250.0}, ready, [SPEC], 15.0, CFG)  # short, but the call saw more
     assert wm.replan(last, {"m": 320.0}, ready, [SPEC], 15.0, CFG)  # short of a higher target
     assert wm.replan(last, {"m": 150.0}, ready, [SPEC], CFG.replan_s, CFG)  # periodic
     failed = ClusterState((GPU,), ready.replicas + (Replica("m-1", "m", "1g.10gb", "g0", 3,
                                                              ReplicaState.FAILED, 0.0),))
-    assert wm.failed(failed) == {"m-1"}
+    assert failed_replicas(failed) == {"m-1"}
     assert wm.replan(last, {"m": 150.0}, failed, [SPEC], 15.0, CFG)  # failed since the last call
     # one the last call already saw is not news: no planner call on every tick for it
-    seen = wm.LastCall(0.0, {"m": 300.0}, wm.failed(failed))
+    seen = wm.LastCall(0.0, {"m": 300.0}, failed_replicas(failed))
     assert not wm.replan(seen, {"m": 150.0}, failed, [SPEC], 15.0, CFG)
 
 
