@@ -24,10 +24,25 @@ in four simulated worlds, each removing one more delay the bound does not pay:
   instead of every 15 s and with no bound on moves a tick (a policy setting,
   not the world's: how close the rules come once nothing holds them back).
 
-and, as a reference with no world at all, ``windowed-max`` priced exactly as the
-bound prices its rule (``windowed.price_offline``: exact rates, fractional
-slices, no start, no queueing, the 45 s lag), so that the only difference from
-the bound is the headroom learned from the past instead of chosen in hindsight.
+and, as references with no world at all, ``windowed-max`` priced offline
+(``windowed.price_offline``), one of the simulator's costs added at a time:
+
+- ``priced-like-the-bound``: exactly as the bound prices its rule (exact rates,
+  fractional slices, no start, no queueing, the 45 s lag), so that the only
+  difference from the bound is the headroom learned from the past instead of
+  chosen in hindsight;
+- ``priced-whole-replicas``: the same capacity bought in whole replicas of each
+  model's most efficient profile;
+- ``priced-whole-queued``: those replicas serving through the simulator's
+  queues (a replica at its capacity-at-SLO meets 99%, and a backlog built while
+  capacity lags makes later requests late too);
+- ``priced-whole-queued-fast``: that, reacting one 5 s step late instead of
+  45 s, as the rule can in the ``fast-decisions`` world.
+
+What the simulated ``fast-decisions`` run costs over the last of these is the
+planner, MIG placement and the world's own dynamics; its ``slice_gpu_hours``
+(the slices its replicas held, 7 to a GPU) against its ``gpu_hours`` (whole
+GPUs holding a replica) is what packing costs.
 
 Each run is reported as attainment, GPU-hours and the ratio to the 45 s-lag
 bound at the attainment it reached (the issue's yardstick, the same in every
@@ -92,24 +107,63 @@ def run_one(job: tuple) -> dict[str, Any]:
            "attainment": r.slo_attainment,
            "gpu_hours": r.gpu_hours, "errors": len(r.errors), "cpu_s": round(time.process_time() - t0, 2)}
     if policy != "oracle":
+        # the slices the replicas held, priced as the bound prices them (7 to a GPU, perfectly
+        # packed): what whole GPUs cost over that is packing
+        out["slice_gpu_hours"] = r.slice_hours / _slices_per_gpu(cluster)
         a = round(r.slo_attainment, 6)
         b = gen.bound_hours(family, seed, hours, [a])[a]
         out["bound_gpu_hours"] = b
     return out
 
 
-def priced_one(job: tuple[str, int, float]) -> dict[str, Any]:
-    """``windowed-max`` priced like the bound on one trace, and the bound at its attainment."""
+def _slices_per_gpu(cluster) -> int:
+    from autoscaler.config import initial_cluster_state
+    from autoscaler.mig import get_product
+
+    return get_product(initial_cluster_state(cluster).gpus[0].product).compute_slices
+
+
+# windowed-max priced offline, one simulator cost at a time: (whole replicas, their queues,
+# how late capacity follows demand; None: the bound's 45 s lag)
+PRICED: dict[str, tuple[bool, bool, float | None]] = {
+    "priced-like-the-bound": (False, False, None),
+    "priced-whole-replicas": (True, False, None),
+    "priced-whole-queued": (True, True, None),
+    # as late as the fast-decisions world lets it be: one 5 s step
+    "priced-whole-queued-fast": (True, True, gen.STEP_S),
+}
+
+
+def priced_one(job: tuple[str, int, float, str]) -> dict[str, Any]:
+    """``windowed-max`` priced offline on one trace as ``PRICED[grain]`` says: like the bound
+    (fractional slices, no queueing, the 45 s lag), then with whole replicas of each model's
+    most efficient profile, then with those replicas serving through the simulator's queues,
+    then reacting one step late; and the bound at the attainment reached."""
+    import numpy as np
+
+    from autoscaler.config import initial_cluster_state, model_specs
+    from autoscaler.sim import baselines as bl
     from autoscaler.sim import windowed as wm
 
-    family, seed, hours = job
+    family, seed, hours, grain = job
+    whole, queued, react_s = PRICED[grain]
     demand, rates, floors, per_gpu = gen.priced_demand(family, seed, hours)
+    replicas = None
+    if whole:
+        models, cluster, _ = gen._world(family, seed, hours)
+        specs = model_specs(models, cluster)
+        product = initial_cluster_state(cluster).gpus[0].product
+        slo = {m.name: float(m.slo.p99_ms) for m in models.models}
+        replicas = wm.Replicas(
+            rps=np.array([s.capacity[bl.best_profile(s, product)] for s in specs]),
+            floor=np.array([float(s.min_replicas) for s in specs]),
+            slo_ms=np.array([slo[s.name] for s in specs]) if queued else None)
     att, gpu_h = wm.price_offline(demand, rates, gen.STEP_S, per_gpu,
                                   wm.WindowedMaxConfig(lag_s=gen.BOUND_LAG_S, window_s=gen.BOUND_WINDOW_S),
-                                  floor_slices=floors)
+                                  floor_slices=floors, replicas=replicas, react_s=react_s)
     a = round(att, 6)
-    return {"family": family, "seed": seed, "world": "priced-like-the-bound", "policy": "windowed-max",
-            "attainment": att, "gpu_hours": gpu_h, "errors": 0,
+    return {"family": family, "seed": seed, "world": grain, "policy": "windowed-max",
+            "attainment": att, "gpu_hours": gpu_h, "slice_gpu_hours": gpu_h, "errors": 0,
             "bound_gpu_hours": gen.bound_hours(family, seed, hours, [a])[a]}
 
 
@@ -126,7 +180,7 @@ def summarise(runs: list[dict[str, Any]], families: list[str]) -> dict[str, Any]
     """world -> policy -> family (and overall) -> mean attainment, GPU-hours and ratios."""
     oracle = {(r["family"], r["seed"]): r["gpu_hours"] for r in runs if r["policy"] == "oracle"}
     out: dict[str, Any] = {}
-    for world in ["priced-like-the-bound", *WORLDS]:
+    for world in [*PRICED, *WORLDS]:
         out[world] = {}
         for pol in POLICIES:
             rows: dict[str, Any] = {}
@@ -136,10 +190,14 @@ def summarise(runs: list[dict[str, Any]], families: list[str]) -> dict[str, Any]
                 if not rs:
                     continue
                 vb = [r["gpu_hours"] / r["bound_gpu_hours"] for r in rs if r.get("bound_gpu_hours")]
+                vs = [r["slice_gpu_hours"] / r["bound_gpu_hours"] for r in rs
+                      if r.get("bound_gpu_hours") and r.get("slice_gpu_hours") is not None]
                 o_h = sum(oracle.get((r["family"], r["seed"]), 0.0) for r in rs)
                 rows[fam] = {"attainment": _r(_mean([r["attainment"] for r in rs]), 6),
                              "gpu_hours": _r(_mean([r["gpu_hours"] for r in rs]), 2),
+                             "slice_gpu_hours": _r(_mean([r.get("slice_gpu_hours") for r in rs]), 2),
                              "vs_reactive_bound": _r(_mean(vb), 3),
+                             "slices_vs_reactive_bound": _r(_mean(vs), 3),
                              # runs whose attainment the bound cannot reach on its grid are left out
                              "bound_runs": len(vb),
                              "vs_oracle": _r(sum(r["gpu_hours"] for r in rs) / o_h, 3) if o_h else None,
@@ -202,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(r)
             print(f"[{i}/{len(jobs)}] {r['world']} {r['family']} s{r['seed']} {r['policy']}: "
                   f"{100 * r['attainment']:.2f}% {r['gpu_hours']:.1f} GPU-h", file=sys.stderr, flush=True)
-        runs += list(pool.map(priced_one, [(f, s, args.hours) for f in families for s in seeds]))
+        runs += list(pool.map(priced_one, [(f, s, args.hours, g) for g in PRICED for f in families for s in seeds]))
     out = {
         "setup": {"families": families, "seeds": list(seeds), "hours": args.hours, "step_s": gen.STEP_S,
                   "worlds": {w: {**WORLDS[w], **({"policy": CADENCE[w]} if w in CADENCE else {})} for w in worlds},

@@ -1,8 +1,8 @@
 """``simulate``: drive one policy over one trace in the simulated cluster and score it.
 
 Place in the loop: this is the wiring. The one run loop, ``driver.Driver``,
-ticks the policy (the production ``ControlLoop`` for ``migscale``, the
-``sim/baselines.py`` functions for the HPA baselines) on simulated time,
+ticks the policy (the production ``ControlLoop`` for ``migscale``, a
+``sim/drivers.py`` driver for the baselines) on simulated time,
 ``SimTime``: a clock whose ``sleep`` *is* the world moving on -- ``SimCluster``
 advances in ``step_s`` steps at the trace's rates -- so the driver's waits
 between ticks are what integrates the world. It decides nothing itself.
@@ -38,6 +38,7 @@ from autoscaler.mig import Placement, get_product
 from autoscaler.policy.types import ClusterState, GpuState, ModelSpec, Replica, ReplicaState
 from autoscaler.sim import baselines as bl
 from autoscaler.sim.cluster import SimCluster, SimConfig
+from autoscaler.sim.drivers import HpaDriver, WindowedMaxDriver
 from autoscaler.sim.traces import Trace
 
 POLICIES = ("static-peak", "hpa-queue", "hpa-util", "oracle", "migscale")
@@ -193,13 +194,13 @@ def simulate_specs(
             profiles=profiles,
         )
         tick_s = cfg.sync_s
-        driver = _HpaDriver(specs, cfg)
+        driver = HpaDriver(specs, cfg)
     elif policy_name == "windowed-max":
         from autoscaler.sim.windowed import WindowedMaxConfig
 
         wcfg = WindowedMaxConfig(**({"quantile": baseline_target} if baseline_target is not None else {}),
                                  tick_s=tick_s, churn_budget=getattr(policy_cfg, "churn_budget", 4))
-        driver = _WindowedMaxDriver(specs, wcfg, float(getattr(policy_cfg, "repartition_s", sim.repartition_delay_s)),
+        driver = WindowedMaxDriver(specs, wcfg, float(getattr(policy_cfg, "repartition_s", sim.repartition_delay_s)),
                                     planner)
     clock = VirtualClock(-float(warmup_s))
     cluster = SimCluster(specs, slo_ms, state, clock, sim, service_rps=service_rps)
@@ -217,7 +218,7 @@ def simulate_specs(
     ticks = 0
     if driver is not None:
 
-        def after_tick(res: Any) -> None:  # a loop.TickResult or a baseline's _TickOut
+        def after_tick(res: Any) -> None:  # a loop.TickResult or a baseline's drivers.TickOut
             errors.extend(f"t={res.t_s:.0f}s: {e}" for e in res.errors)
 
         d = Driver(driver, time_, tick_s=tick_s, slice_s=step_s, hooks=Hooks(after_tick=after_tick))
@@ -270,94 +271,6 @@ class SimTime:
 
     def ended(self) -> bool:
         return self.k >= self.steps
-
-
-@dataclass
-class _TickOut:
-    t_s: float
-    errors: tuple[str, ...]
-    next_delay_s: float
-    ok: bool = True
-
-
-class _BaselineDriver:
-    """What a baseline's driver shares: the simulated cluster, and one observation of it."""
-
-    def __init__(self, specs: Sequence[ModelSpec]) -> None:
-        self.specs = list(specs)
-        self.cluster: SimCluster | None = None
-
-    def bind(self, cluster: SimCluster) -> None:
-        self.cluster = cluster
-
-    def _observe(self, busy_gpus: frozenset[str] = frozenset()) -> Any:
-        """An ``Observation`` of now; GPUs in ``busy_gpus`` marked busy, as the control loop does
-        (the planner leaves GPUs with work under way alone)."""
-        from autoscaler.policy.types import Observation
-
-        c = self.cluster
-        assert c is not None
-        now = c.clock.now()
-        snap = c.snapshot()
-        if busy_gpus:
-            snap = replace(snap, gpus=tuple(replace(g, busy=True) if g.id in busy_gpus else g for g in snap.gpus))
-        models, reps = c.read([s.name for s in self.specs], [r.id for r in snap.replicas], now)
-        return Observation(t_s=now, cluster=snap, models=dict(models), replicas=dict(reps))
-
-
-class _HpaDriver(_BaselineDriver):
-    """Observe -> ``baselines.hpa_decide`` -> act, every HPA sync period."""
-
-    def __init__(self, specs: Sequence[ModelSpec], cfg: bl.HpaBaselineConfig) -> None:
-        super().__init__(specs)
-        self.cfg = cfg
-        self.state = bl.HpaBaselineState()
-
-    def tick(self) -> _TickOut:
-        obs = self._observe()
-        actions, self.state = bl.hpa_decide(obs, self.state, self.specs, self.cfg, obs.t_s)
-        assert self.cluster is not None
-        errors = tuple(self.cluster.apply(actions)) if actions else ()
-        return _TickOut(obs.t_s, errors, self.cfg.sync_s)
-
-
-class _WindowedMaxDriver(_BaselineDriver):
-    """Observe -> ``windowed.targets`` -> the production planner -> the loop's gate -> act.
-
-    The planner is called when migscale's ``decide`` would call it (``windowed.replan``):
-    a model short of a higher target than the last call saw, or the last call
-    ``replan_s`` old. Called every tick, a jittery target would start replicas and
-    delete them again before they are ready."""
-
-    def __init__(self, specs: Sequence[ModelSpec], cfg: Any, repartition_s: float, planner: Any = None) -> None:
-        from autoscaler.sim.windowed import WindowedMaxState
-
-        super().__init__(specs)
-        self.cfg, self.repartition_s, self.planner = cfg, repartition_s, planner
-        self.state = WindowedMaxState()
-        self.last: Any = None  # windowed.LastCall: the last planner call
-
-    def tick(self) -> _TickOut:
-        from autoscaler.loop import hold_in_flight
-        from autoscaler.policy.decide import FAST_PATH_MIN_REPARTITION_S, failed_replicas
-        from autoscaler.policy.planner import plan
-        from autoscaler.sim import windowed
-
-        c = self.cluster
-        assert c is not None
-        busy_gpus, busy_models = c.in_flight()
-        obs = self._observe(frozenset(busy_gpus))
-        now, cluster = obs.t_s, obs.cluster
-        want, self.state = windowed.targets(obs, self.state, self.specs, self.cfg, now)
-        if not windowed.replan(self.last, want, cluster, self.specs, now, self.cfg):
-            return _TickOut(now, (), self.cfg.tick_s)
-        self.last = windowed.LastCall(now, want, failed_replicas(cluster))
-        p = (self.planner or plan)(tuple(self.specs), want, cluster, churn_budget=self.cfg.churn_budget, now_s=now,
-                                   fast_path=self.repartition_s >= FAST_PATH_MIN_REPARTITION_S)
-        actions, _ = hold_in_flight(p.actions, cluster, busy_gpus, busy_models,
-                                    c.groups(p.actions) if p.actions else [])
-        errors = tuple(c.apply(actions)) if actions else ()
-        return _TickOut(now, errors, self.cfg.tick_s)
 
 
 def _static_peak_state(specs: Sequence[ModelSpec], peak: Mapping[str, float], gpus: Sequence[GpuState],

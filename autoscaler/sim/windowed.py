@@ -43,7 +43,9 @@ import numpy as np
 from autoscaler.policy import forecast as fc
 from autoscaler.policy.decide import current_capacity, failed_replicas
 from autoscaler.policy.types import ModelSpec, Observation
+from autoscaler.sim import queueing as q
 from autoscaler.sim.baselines import lagged_window_max
+from autoscaler.sim.records import SimConfig
 
 _HR = fc.HeadroomConfig()
 
@@ -162,6 +164,20 @@ def replan(last: LastCall | None, want: Mapping[str, float], cluster,
                and want.get(s.name, 0.0) > last.targets.get(s.name, 0.0) for s in specs)
 
 
+class Replicas(NamedTuple):
+    """How ``price_offline`` buys capacity when not in fractional slices: whole replicas,
+    per model, of ``rps`` req/s at the SLO each (its most efficient profile's
+    capacity-at-SLO), ``floor`` of them at least; with ``slo_ms`` set, each replica is
+    also a queue (``queueing``: the simulator's own M/M/1 fluid model, load shared
+    evenly, a queue held to ``queue_timeout_s`` of work as the simulator holds it), so
+    a replica run at ``rps`` meets 99% of its requests, not all."""
+
+    rps: np.ndarray
+    floor: np.ndarray
+    slo_ms: np.ndarray | None = None
+    queue_timeout_s: float = SimConfig.queue_timeout_s
+
+
 def price_offline(
     demand_rps: np.ndarray,
     per_slice_rps: np.ndarray,
@@ -169,6 +185,8 @@ def price_offline(
     slices_per_gpu: int,
     cfg: WindowedMaxConfig = WindowedMaxConfig(),
     floor_slices: np.ndarray | None = None,
+    replicas: Replicas | None = None,
+    react_s: float | None = None,
 ) -> tuple[float, float]:
     """(attainment, GPU-hours) of this rule priced as ``baselines.reactive_frontier``
     prices its own: exact per-step rates, fractional slices, no start, no queueing,
@@ -179,15 +197,47 @@ def price_offline(
     lagged window maximum; ``h[m, k]`` is ``headroom`` over the ratios
     ``demand[m, j] / seen[m, j]`` with ``j <= k - L`` inside ``history_s``,
     re-learned every ``tick_s``. The ratio of its GPU-hours to the bound's at the
-    attainment it reaches is what hindsight is worth on the trace."""
+    attainment it reaches is what hindsight is worth on the trace.
+
+    With ``replicas``, the same capacity is bought in whole replicas (rounded up), and
+    with ``replicas.slo_ms`` served through queues: two of the simulator's costs the
+    bound leaves out, added one at a time, with no planner, placement or start.
+
+    ``react_s`` (default ``lag_s``) is how late capacity follows the demand: the
+    headroom is still learned against the window's maximum ``lag_s`` earlier, as the
+    policy learns it, but what it multiplies, and when a new headroom applies, is
+    ``react_s`` old -- the rule as it runs in a world that lets it react sooner than
+    the bound's lag."""
     d = np.asarray(demand_rps, dtype=float)
     rate = np.asarray(per_slice_rps, dtype=float)
+    cap = _learned_capacity(d, rate, step_s, cfg, floor_slices, cfg.lag_s if react_s is None else react_s)
+    total = float(d.sum())
+    if replicas is None:
+        missed = float(np.maximum(d - cap, 0.0).sum())
+        gpu_h = float((cap / rate[:, None]).sum()) * step_s / 3600.0 / slices_per_gpu
+        return (1.0 - missed / total if total > 0 else 1.0), gpu_h
+    per = np.asarray(replicas.rps, dtype=float)[:, None]
+    n = np.maximum(np.ceil(cap / per - 1e-9), np.asarray(replicas.floor, dtype=float)[:, None])
+    gpu_h = float((n * per / rate[:, None]).sum()) * step_s / 3600.0 / slices_per_gpu
+    if replicas.slo_ms is None:
+        missed = float(np.maximum(d - n * per, 0.0).sum())
+        return (1.0 - missed / total if total > 0 else 1.0), gpu_h
+    return _queued_attainment(d, n, per[:, 0], np.asarray(replicas.slo_ms, dtype=float), step_s,
+                              replicas.queue_timeout_s), gpu_h
+
+
+def _learned_capacity(d: np.ndarray, rate: np.ndarray, step_s: float, cfg: WindowedMaxConfig,
+                      floor_slices: np.ndarray | None, react_s: float) -> np.ndarray:
+    """``price_offline``'s capacity per model and step, in req/s."""
+    if not (math.isfinite(react_s) and react_s >= 0):
+        raise ValueError(f"react_s: must be >= 0, got {react_s!r}")
     n_models, n_steps = d.shape
     floor = np.zeros(n_models) if floor_slices is None else np.asarray(floor_slices, dtype=float)
-    lag = math.floor(cfg.lag_s / step_s + 1e-9)
-    seen = lagged_window_max(d, step_s, cfg.lag_s, cfg.window_s)
+    lag = math.floor(react_s / step_s + 1e-9)
+    learned = lagged_window_max(d, step_s, cfg.lag_s, cfg.window_s)
+    seen = learned if react_s == cfg.lag_s else lagged_window_max(d, step_s, react_s, cfg.window_s)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(seen > 0, d / seen, np.nan)
+        ratio = np.where(learned > 0, d / learned, np.nan)
     hist = max(1, round(cfg.history_s / step_s))
     every = max(1, round(cfg.tick_s / step_s))
     # min_samples counts ticks in the policy; here ratios come every step
@@ -203,8 +253,27 @@ def price_offline(
             if len(x) >= need:
                 k = min(len(x) - 1, max(0, math.ceil(cfg.quantile * len(x)) - 1))
                 h[i, a:b] = min(cfg.hi, max(cfg.lo, float(x[k]) - 1.0))
-    cap = np.maximum((1.0 + h) * seen, (floor * rate)[:, None])
-    total = float(d.sum())
-    missed = float(np.maximum(d - cap, 0.0).sum())
-    gpu_h = float((cap / rate[:, None]).sum()) * step_s / 3600.0 / slices_per_gpu
-    return (1.0 - missed / total if total > 0 else 1.0), gpu_h
+    return np.maximum((1.0 + h) * seen, (floor * rate)[:, None])
+
+
+def _queued_attainment(d: np.ndarray, n: np.ndarray, per_rps: np.ndarray, slo_ms: np.ndarray,
+                       step_s: float, timeout_s: float) -> float:
+    """Share of requests within the SLO when ``n[m, k]`` replicas of ``per_rps[m]`` share
+    model m's demand evenly, each a fluid M/M/1 queue as in ``SimCluster``. A model's
+    backlog stays with it when its replica count changes (spread over the new count);
+    with no replica, a step's requests all miss; work beyond ``timeout_s`` is dropped."""
+    mu = np.array([q.service_rate(c, s) for c, s in zip(per_rps, slo_ms, strict=True)])
+    slo_s = slo_ms / 1000.0
+    backlog = np.zeros(d.shape[0])  # requests in system, per model
+    ok = 0.0
+    for k in range(d.shape[1]):
+        nk = n[:, k]
+        live = nk > 0
+        x0 = np.where(live, backlog / np.maximum(nk, 1.0), 0.0)
+        lam = np.where(live, d[:, k] / np.maximum(nk, 1.0), 0.0)
+        x_raw = q.step_x(x0, lam, mu, step_s)
+        x1 = np.minimum(x_raw, mu * timeout_s)
+        ok += float((d[:, k] * step_s * q.within_slo(0.5 * (x0 + x1), mu, slo_s))[live].sum())
+        backlog = np.where(live, x1 * nk, backlog)
+    total = float(d.sum()) * step_s
+    return ok / total if total > 0 else 1.0
