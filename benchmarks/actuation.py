@@ -142,6 +142,7 @@ def priced_one(job: tuple[str, int, float, str]) -> dict[str, Any]:
     import numpy as np
 
     from autoscaler.config import initial_cluster_state, model_specs
+    from autoscaler.mig import get_product
     from autoscaler.sim import baselines as bl
     from autoscaler.sim import windowed as wm
 
@@ -154,8 +155,10 @@ def priced_one(job: tuple[str, int, float, str]) -> dict[str, Any]:
         specs = model_specs(models, cluster)
         product = initial_cluster_state(cluster).gpus[0].product
         slo = {m.name: float(m.slo.p99_ms) for m in models.models}
+        best = [bl.best_profile(s, product) for s in specs]
         replicas = wm.Replicas(
-            rps=np.array([s.capacity[bl.best_profile(s, product)] for s in specs]),
+            rps=np.array([s.capacity[p] for s, p in zip(specs, best, strict=True)]),
+            slices=np.array([float(get_product(product).profiles[p].compute) for p in best]),
             floor=np.array([float(s.min_replicas) for s in specs]),
             slo_ms=np.array([slo[s.name] for s in specs]) if queued else None)
     att, gpu_h = wm.price_offline(demand, rates, gen.STEP_S, per_gpu,

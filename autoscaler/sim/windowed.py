@@ -20,7 +20,9 @@ ratios exist. The bound prices the same rule with each model's headroom chosen
 with the whole trace known, on exact per-step rates, with fractional
 slices, no start time and no queueing; running it here through the simulator
 shows what those idealisations are worth on one trace
-(``benchmarks/actuation.py``).
+(``benchmarks/actuation.py``). ``price_offline`` prices the rule without the
+simulator, as the bound does, and can add the simulator's whole replicas and
+queues one at a time.
 
 Defaults are not tuned: ``quantile``, ``history_s``, ``prior``, ``lo`` and
 ``hi`` are migscale's learned-headroom settings (``forecast.HeadroomConfig``),
@@ -167,12 +169,14 @@ def replan(last: LastCall | None, want: Mapping[str, float], cluster,
 class Replicas(NamedTuple):
     """How ``price_offline`` buys capacity when not in fractional slices: whole replicas,
     per model, of ``rps`` req/s at the SLO each (its most efficient profile's
-    capacity-at-SLO), ``floor`` of them at least; with ``slo_ms`` set, each replica is
+    capacity-at-SLO) costing ``slices`` compute slices each (that profile's),
+    ``floor`` of them at least; with ``slo_ms`` set, each replica is
     also a queue (``queueing``: the simulator's own M/M/1 fluid model, load shared
     evenly, a queue held to ``queue_timeout_s`` of work as the simulator holds it), so
     a replica run at ``rps`` meets 99% of its requests, not all."""
 
     rps: np.ndarray
+    slices: np.ndarray
     floor: np.ndarray
     slo_ms: np.ndarray | None = None
     queue_timeout_s: float = SimConfig.queue_timeout_s
@@ -218,7 +222,7 @@ def price_offline(
         return (1.0 - missed / total if total > 0 else 1.0), gpu_h
     per = np.asarray(replicas.rps, dtype=float)[:, None]
     n = np.maximum(np.ceil(cap / per - 1e-9), np.asarray(replicas.floor, dtype=float)[:, None])
-    gpu_h = float((n * per / rate[:, None]).sum()) * step_s / 3600.0 / slices_per_gpu
+    gpu_h = float((n * np.asarray(replicas.slices, dtype=float)[:, None]).sum()) * step_s / 3600.0 / slices_per_gpu
     if replicas.slo_ms is None:
         missed = float(np.maximum(d - n * per, 0.0).sum())
         return (1.0 - missed / total if total > 0 else 1.0), gpu_h

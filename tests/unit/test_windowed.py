@@ -239,18 +239,18 @@ def test_priced_in_whole_replicas_rounds_capacity_up_and_holds_the_floor():
     rate = np.array([10.0])  # req/s per compute slice: a 100 req/s replica is 10 slices
     exact_gpu_h = 4000 * 5.0 / 3600.0 / 7
     att, frac = wm.price_offline(d, rate, 5.0, 7, cfg)
-    att_w, whole = wm.price_offline(d, rate, 5.0, 7, cfg,
-                                    replicas=wm.Replicas(rps=np.array([100.0]), floor=np.array([0.0])))
+    one = wm.Replicas(rps=np.array([100.0]), slices=np.array([10.0]), floor=np.array([0.0]))
+    att_w, whole = wm.price_offline(d, rate, 5.0, 7, cfg, replicas=one)
     assert att == att_w == 1.0
     assert 7 * exact_gpu_h <= frac < 7 * exact_gpu_h * 1.01  # 70 req/s = 7 slices
     assert 10 * exact_gpu_h <= whole < 10 * exact_gpu_h * 1.001  # one whole replica, always
-    _, two = wm.price_offline(d, rate, 5.0, 7, cfg, replicas=wm.Replicas(rps=np.array([100.0]), floor=np.array([2.0])))
+    _, two = wm.price_offline(d, rate, 5.0, 7, cfg, replicas=one._replace(floor=np.array([2.0])))
     assert two == pytest.approx(2 * whole)
 
 
 def test_priced_through_queues_meets_a_p99_target_at_capacity_and_pays_for_a_late_step():
     cfg = wm.WindowedMaxConfig(min_samples=10, hi=0.0)  # no headroom: capacity = what was seen
-    rep = wm.Replicas(rps=np.array([100.0]), floor=np.array([1.0]), slo_ms=np.array([50.0]))
+    rep = wm.Replicas(rps=np.array([100.0]), slices=np.array([10.0]), floor=np.array([1.0]), slo_ms=np.array([50.0]))
     at_capacity = np.full((1, 4000), 100.0)
     att, _ = wm.price_offline(at_capacity, np.array([10.0]), 5.0, 7, cfg, replicas=rep)
     assert att == pytest.approx(0.99, abs=1e-3)  # a replica at its capacity-at-SLO: 99% within
@@ -258,7 +258,7 @@ def test_priced_through_queues_meets_a_p99_target_at_capacity_and_pays_for_a_lat
     # backlog it builds makes requests late after capacity has arrived too
     step = np.full((1, 2000), 80.0)
     step[0, 1500:] = 200.0
-    whole = wm.Replicas(rps=np.array([100.0]), floor=np.array([1.0]))
+    whole = wm.Replicas(rps=np.array([100.0]), slices=np.array([10.0]), floor=np.array([1.0]))
     queued = whole._replace(slo_ms=np.array([50.0]))
     a_whole, g_whole = wm.price_offline(step, np.array([10.0]), 5.0, 7, cfg, replicas=whole)
     a_queued, g_queued = wm.price_offline(step, np.array([10.0]), 5.0, 7, cfg, replicas=queued)
