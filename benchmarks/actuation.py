@@ -37,7 +37,11 @@ and, as references with no world at all, ``windowed-max`` priced offline
   queues (a replica at its capacity-at-SLO meets 99%, and a backlog built while
   capacity lags makes later requests late too);
 - ``priced-whole-queued-fast``: that, reacting one 5 s step late instead of
-  45 s, as the rule can in the ``fast-decisions`` world.
+  45 s, as the rule can in the ``fast-decisions`` world;
+- ``priced-whole-shed``: not the benchmark's world but a setting a serving team
+  can choose: ``priced-whole-queued`` with each queue shedding what waited past
+  the model's SLO instead of the simulator's 30 s (Triton's queue policy with
+  ``timeout_action: REJECT``, ``docs/shedding.md``).
 
 What the simulated ``fast-decisions`` run costs over the last of these is the
 planner, MIG placement and the world's own dynamics; its ``slice_gpu_hours``
@@ -124,13 +128,16 @@ def _slices_per_gpu(cluster) -> int:
 
 
 # windowed-max priced offline, one simulator cost at a time: (whole replicas, their queues,
-# how late capacity follows demand; None: the bound's 45 s lag)
-PRICED: dict[str, tuple[bool, bool, float | None]] = {
-    "priced-like-the-bound": (False, False, None),
-    "priced-whole-replicas": (True, False, None),
-    "priced-whole-queued": (True, True, None),
+# how late capacity follows demand (None: the bound's 45 s lag), queues that shed at the SLO)
+PRICED: dict[str, tuple[bool, bool, float | None, bool]] = {
+    "priced-like-the-bound": (False, False, None, False),
+    "priced-whole-replicas": (True, False, None, False),
+    "priced-whole-queued": (True, True, None, False),
     # as late as the fast-decisions world lets it be: one 5 s step
-    "priced-whole-queued-fast": (True, True, gen.STEP_S),
+    "priced-whole-queued-fast": (True, True, gen.STEP_S, False),
+    # not the benchmark's world but a serving-team setting: each queue sheds what waited past
+    # the model's SLO (Triton's queue policy, docs/shedding.md)
+    "priced-whole-shed": (True, True, None, True),
 }
 
 
@@ -138,7 +145,7 @@ def priced_one(job: tuple[str, int, float, str]) -> dict[str, Any]:
     """``windowed-max`` priced offline on one trace as ``PRICED[grain]`` says: like the bound
     (fractional slices, no queueing, the 45 s lag), then with whole replicas of each model's
     most efficient profile, then with those replicas serving through the simulator's queues,
-    then reacting one step late; and the bound at the attainment reached."""
+    then reacting one step late, or shedding at the SLO; and the bound at the attainment reached."""
     import numpy as np
 
     from autoscaler.config import initial_cluster_state, model_specs
@@ -147,7 +154,7 @@ def priced_one(job: tuple[str, int, float, str]) -> dict[str, Any]:
     from autoscaler.sim import windowed as wm
 
     family, seed, hours, grain = job
-    whole, queued, react_s = PRICED[grain]
+    whole, queued, react_s, shed = PRICED[grain]
     demand, rates, floors, per_gpu = gen.priced_demand(family, seed, hours)
     replicas = None
     if whole:
@@ -160,7 +167,8 @@ def priced_one(job: tuple[str, int, float, str]) -> dict[str, Any]:
             rps=np.array([s.capacity[p] for s, p in zip(specs, best, strict=True)]),
             slices=np.array([float(get_product(product).profiles[p].compute) for p in best]),
             floor=np.array([float(s.min_replicas) for s in specs]),
-            slo_ms=np.array([slo[s.name] for s in specs]) if queued else None)
+            slo_ms=np.array([slo[s.name] for s in specs]) if queued else None,
+            **({"queue_timeout_s": np.array([slo[s.name] / 1000.0 for s in specs])} if shed else {}))
     att, gpu_h = wm.price_offline(demand, rates, gen.STEP_S, per_gpu,
                                   wm.WindowedMaxConfig(lag_s=gen.BOUND_LAG_S, window_s=gen.BOUND_WINDOW_S),
                                   floor_slices=floors, replicas=replicas, react_s=react_s)

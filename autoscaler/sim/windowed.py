@@ -173,13 +173,15 @@ class Replicas(NamedTuple):
     ``floor`` of them at least; with ``slo_ms`` set, each replica is
     also a queue (``queueing``: the simulator's own M/M/1 fluid model, load shared
     evenly, a queue held to ``queue_timeout_s`` of work as the simulator holds it), so
-    a replica run at ``rps`` meets 99% of its requests, not all."""
+    a replica run at ``rps`` meets 99% of its requests, not all. ``queue_timeout_s``
+    per model, at its SLO, is a replica that sheds what waited past it (Triton's
+    queue policy with ``timeout_action: REJECT``, docs/shedding.md)."""
 
     rps: np.ndarray
     slices: np.ndarray
     floor: np.ndarray
     slo_ms: np.ndarray | None = None
-    queue_timeout_s: float = SimConfig.queue_timeout_s
+    queue_timeout_s: float | np.ndarray = SimConfig.queue_timeout_s
 
 
 def price_offline(
@@ -227,7 +229,7 @@ def price_offline(
         missed = float(np.maximum(d - n * per, 0.0).sum())
         return (1.0 - missed / total if total > 0 else 1.0), gpu_h
     return _queued_attainment(d, n, per[:, 0], np.asarray(replicas.slo_ms, dtype=float), step_s,
-                              replicas.queue_timeout_s), gpu_h
+                              np.asarray(replicas.queue_timeout_s, dtype=float)), gpu_h
 
 
 def _learned_capacity(d: np.ndarray, rate: np.ndarray, step_s: float, cfg: WindowedMaxConfig,
@@ -261,7 +263,7 @@ def _learned_capacity(d: np.ndarray, rate: np.ndarray, step_s: float, cfg: Windo
 
 
 def _queued_attainment(d: np.ndarray, n: np.ndarray, per_rps: np.ndarray, slo_ms: np.ndarray,
-                       step_s: float, timeout_s: float) -> float:
+                       step_s: float, timeout_s: float | np.ndarray) -> float:
     """Share of requests within the SLO when ``n[m, k]`` replicas of ``per_rps[m]`` share
     model m's demand evenly, each a fluid M/M/1 queue as in ``SimCluster``. A model's
     backlog stays with it when its replica count changes (spread over the new count);

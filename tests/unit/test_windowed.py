@@ -265,6 +265,11 @@ def test_priced_through_queues_meets_a_p99_target_at_capacity_and_pays_for_a_lat
     missed_excess = 9 * (200.0 - 100.0) / step.sum()
     assert 1.0 - a_whole == pytest.approx(missed_excess, rel=0.05)
     assert g_queued == g_whole and 1.0 - a_queued > 1.0 - a_whole + missed_excess
+    # queues that shed what waited past the SLO: at the same GPU-hours, they win back more than
+    # the excess of what the backlog cost
+    a_shed, g_shed = wm.price_offline(step, np.array([10.0]), 5.0, 7, cfg,
+                                      replicas=queued._replace(queue_timeout_s=np.array([0.05])))
+    assert g_shed == g_queued and a_shed - a_queued > missed_excess
     # reacting one step late instead of 45 s: the same rule wins back more than the excess
     a_fast, _ = wm.price_offline(step, np.array([10.0]), 5.0, 7, cfg, replicas=queued, react_s=5.0)
     assert a_fast - a_queued > missed_excess
