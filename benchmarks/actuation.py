@@ -22,7 +22,10 @@ in four simulated worlds, each removing one more delay the bound does not pay:
   the rules then react faster than the bound's 45 s lag;
 - ``fast-decisions``: that world, with both policies deciding every 5 s step
   instead of every 15 s and with no bound on moves a tick (a policy setting,
-  not the world's: how close the rules come once nothing holds them back).
+  not the world's: how close the rules come once nothing holds them back);
+- ``shed``: not one of those but the ``benchmark`` world with every replica
+  shedding what waited past its model's SLO (Triton's queue policy,
+  ``docs/shedding.md``): what a serving team's setting buys each policy.
 
 and, as references with no world at all, ``windowed-max`` priced offline
 (``windowed.price_offline``), one of the simulator's costs added at a time:
@@ -81,7 +84,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import generalization as gen
 
-WORLDS: dict[str, dict[str, float]] = {
+WORLDS: dict[str, dict[str, Any]] = {
     "benchmark": {},
     "no-repartition": {"repartition_delay_s": 0.0},
     "no-start": {"repartition_delay_s": 0.0, "start_delay_s": 0.0},
@@ -89,6 +92,9 @@ WORLDS: dict[str, dict[str, float]] = {
                       "metrics_window_s": gen.STEP_S},
 }
 WORLDS["fast-decisions"] = dict(WORLDS["exact-metrics"])
+# Not a delay removed but a serving-team setting added to the benchmark's world: every
+# replica sheds what waited past its model's SLO (docs/shedding.md).
+WORLDS["shed"] = {"shed_at_slo": True}
 # Not the world but how often and how much the policies may act there: a decision every
 # step (5 s, not 15 s) and no bound on moves a tick (the churn budget).
 CADENCE: dict[str, dict[str, Any]] = {"fast-decisions": {"tick_s": gen.STEP_S, "churn_budget": None}}

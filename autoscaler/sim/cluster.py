@@ -26,15 +26,18 @@ What it models (defaults in ``SimConfig``):
   for the loop's per-GPU gate. Queued chains move on in ``_timers`` as
   simulated time passes.
 - **Service.** Each READY replica is a fluid M/M/1 queue (``queueing.py``);
-  requests queued beyond ``queue_timeout_s`` are dropped (misses).
+  requests queued beyond ``queue_timeout_s`` (or, with ``shed_at_slo``, beyond
+  their model's SLO) are dropped (misses).
   The router splits a model's traffic in proportion to replica service rate
   (least-connections behaves so; a plain round-robin would overload small
   slices). Requests of a model with no READY replica fail.
 - **Metrics.** ``read(now)`` reports window averages over
   ``[now - scrape_delay_s - metrics_window_s, now - scrape_delay_s]``: what a
   Prometheus ``rate(...[30s])`` evaluated on 15 s-old samples would say.
-  ``request_rate`` is the *completed* rate, which saturates at capacity, and
-  ``pending`` the queued requests, as Triton reports them.
+  ``request_rate`` is the completed rate, which saturates at capacity, plus the
+  requests a replica's queue dropped (Triton counts both: success + failure),
+  and ``pending`` the queued requests, as Triton reports them. A request with
+  no READY replica to go to never reaches Triton's counters and is not in it.
 """
 
 from __future__ import annotations
@@ -105,7 +108,7 @@ class SimCluster(SimActions, SimMetrics):
         # per-step history (index k covers [t[k], t[k] + step_s))
         self.t: list[float] = []
         n = len(self.models)
-        self._cum = {k: [np.zeros(n)] for k in ("arr", "ok", "done", "wait", "comp", "p99w", "fail")}
+        self._cum = {k: [np.zeros(n)] for k in ("arr", "ok", "done", "wait", "comp", "p99w", "fail", "drop")}
         self.pending: list[np.ndarray] = []  # queued requests per model at the end of each step
         self.capacity: list[np.ndarray] = []  # req/s at SLO of READY replicas per model
         self.p99_s: list[np.ndarray] = []  # worst replica p99 per model (nan: no traffic)
@@ -194,9 +197,9 @@ class SimCluster(SimActions, SimMetrics):
             share = mu / mu_tot[mi]
             lam = lam_m[mi] * share
             x_raw = q.step_x(x0, lam, mu, dt)
-            x1 = np.minimum(x_raw, mu * self.config.queue_timeout_s)
-            xm = 0.5 * (x0 + x1)
             slo = self.slo_s[mi]
+            x1 = np.minimum(x_raw, mu * (slo if self.config.shed_at_slo else self.config.queue_timeout_s))
+            xm = 0.5 * (x0 + x1)
             a_i = lam * dt
             within = q.within_slo(xm, mu, slo)
             b = q.busy(xm)
@@ -228,10 +231,11 @@ class SimCluster(SimActions, SimMetrics):
                 r.cum_busy.append(r.cum_busy[-1] if r.cum_busy else 0.0)
         if self._sojourns is not None and not ready:
             self._sojourns.append({})
-        fail = np.where(nready == 0, arr, 0.0) + (dropped if ready else 0.0)
+        drop = dropped if ready else np.zeros(n)  # Triton's own failures: counted in its metrics
+        fail = np.where(nready == 0, arr, 0.0) + drop
         c = self._cum
         for key, val in (("arr", arr), ("ok", ok), ("done", done), ("wait", wait), ("comp", comp),
-                         ("p99w", p99w), ("fail", fail)):
+                         ("p99w", p99w), ("fail", fail), ("drop", drop)):
             c[key].append(c[key][-1] + val)
         self.t.append(now)
         self.pending.append(pend)
@@ -280,5 +284,5 @@ class SimCluster(SimActions, SimMetrics):
 
     def per_step(self, key: str) -> np.ndarray:
         """Per-step totals of a history counter as (steps, models): "arr" arrivals, "ok" within SLO,
-        "done" completed, "fail" failed or dropped."""
+        "done" completed, "fail" failed or dropped, "drop" dropped by a replica's queue."""
         return np.diff(np.array(self._cum[key]), axis=0)

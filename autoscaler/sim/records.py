@@ -32,6 +32,10 @@ class SimConfig:
     # counts as an SLO miss but does not hold the queue up forever. 30 s at
     # 300 req/s caps a replica's backlog at ~9,000 requests.
     queue_timeout_s: float = 30.0
+    # True: every replica sheds what waited past its model's SLO instead (Triton's queue
+    # policy with ``timeout_action: REJECT``, docs/shedding.md): a setting serving teams
+    # choose in their model config, off in the benchmark's world.
+    shed_at_slo: bool = False
     # False: ``in_flight()`` names every GPU and model busy while anything
     # converges -- a global gate, for ``benchmarks/policies.py --diagnose`` to
     # measure what the per-GPU/per-model answer gains.

@@ -4,6 +4,8 @@ end-to-end migscale run."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -165,9 +167,38 @@ def test_requests_without_a_ready_replica_fail_and_count_as_misses():
     c, clock = _cluster()
     for _ in range(4):
         c.advance(np.array([50.0]))
-    models, _ = c.read(["m"], [], clock.now() + 15)
-    assert models["m"].failure_rate == pytest.approx(50.0)
     assert c._cum["ok"][-1][0] == 0.0
+    assert np.allclose(c.per_step("fail")[:, 0], 50.0 * 5.0)
+    # they never reached a replica, so no Triton counted them
+    models, _ = c.read(["m"], [], clock.now() + 15)
+    assert models["m"].failure_rate == 0.0
+
+
+def _overload(shed: bool) -> tuple[SimCluster, VirtualClock]:
+    c, clock = _cluster(start_delay_s=0, scrape_delay_s=0, metrics_window_s=20, shed_at_slo=shed)
+    assert c.apply([_create(rid="a")]) == []
+    c.advance(np.array([100.0]))
+    for _ in range(8):  # 40 s at 600 req/s into one replica of mu = 300 + ln(100) / 0.05 = 392 req/s
+        c.advance(np.array([600.0]))
+    return c, clock
+
+
+def test_a_replica_that_sheds_at_the_slo_drops_the_excess_and_triton_counts_it_as_demand():
+    c, clock = _overload(shed=True)
+    models, _ = c.read(["m"], [], clock.now())
+    mu = 300.0 + math.log(100.0) / 0.05
+    # Triton's success + failure: what arrived, though only mu was served
+    assert models["m"].request_rate == pytest.approx(600.0, rel=0.01)
+    assert models["m"].failure_rate == pytest.approx(600.0 - mu, rel=0.02)
+    # the same overload without shedding: the queue holds 30 s of work, nothing is dropped yet,
+    # and Triton shows only what completed
+    k, kclock = _overload(shed=False)
+    kept, _ = k.read(["m"], [], kclock.now())
+    assert kept["m"].failure_rate == 0.0 and kept["m"].request_rate == pytest.approx(mu, rel=0.01)
+    # a bounded queue keeps some requests within the SLO; a growing one makes every one late
+    within_shed = c.per_step("ok")[-4:, 0].sum() / c.per_step("arr")[-4:, 0].sum()
+    within_kept = k.per_step("ok")[-4:, 0].sum() / k.per_step("arr")[-4:, 0].sum()
+    assert within_shed > 0.3 and within_kept < 0.01
 
 
 def test_create_on_missing_or_taken_instance_is_an_error():
