@@ -36,8 +36,9 @@ What it models (defaults in ``SimConfig``):
   Prometheus ``rate(...[30s])`` evaluated on 15 s-old samples would say.
   ``request_rate`` is the completed rate, which saturates at capacity, plus the
   requests a replica's queue dropped (Triton counts both: success + failure),
-  and ``pending`` the queued requests, as Triton reports them. A request with
-  no READY replica to go to never reaches Triton's counters and is not in it.
+  and ``pending`` the queued requests, as Triton reports them.
+  ``failure_rate`` and the fast path's arrivals also count the requests of a
+  model with no READY replica, which no real replica's counters hold.
 """
 
 from __future__ import annotations

@@ -42,8 +42,7 @@ class SimMetrics:
     def _fast(self, now_s: float) -> list[FastSignals | None] | None:
         """Per model, the burst layer's signals: what a 1-2 s direct scrape of the replicas
         shows over the last ``fast_window_s``. Arrivals are inferred as a scraper must:
-        completions + failures + the growth of the queue (no arrival counter exists);
-        the failures are the replicas' own, as in ``read``."""
+        completions + failures + the growth of the queue (no arrival counter exists)."""
         cfg = self.config
         if cfg.fast_window_s is None:
             return None
@@ -55,7 +54,6 @@ class SimMetrics:
         c = self._cum
         done = c["done"][k1] - c["done"][k0]
         fail = c["fail"][k1] - c["fail"][k0]
-        drop = c["drop"][k1] - c["drop"][k0]
         wait = c["wait"][k1] - c["wait"][k0]
         comp = c["comp"][k1] - c["comp"][k0]
         arr = c["arr"][k1] - c["arr"][k0]
@@ -66,7 +64,7 @@ class SimMetrics:
             served = arr[i] - fail[i]
             out.append(FastSignals(
                 t_s=t_end, window_s=span,
-                arrival_rps=max(0.0, float((done[i] + drop[i] + (p1[i] - p0[i])) / span)),
+                arrival_rps=max(0.0, float((done[i] + fail[i] + (p1[i] - p0[i])) / span)),
                 completed_rps=float(done[i] / span),
                 pending=float(p1[i]),
                 avg_queue_ms=float(wait[i] / served * 1000.0) if served > 0 else None,
@@ -109,7 +107,7 @@ class SimMetrics:
                 # dropped is a failure (docs/metrics.md)
                 request_rate=float((d["done"][i] + d["drop"][i]) / span),
                 success_rate=float(d["done"][i] / span),
-                failure_rate=float(d["drop"][i] / span),
+                failure_rate=float(d["fail"][i] / span),
                 avg_queue_ms=avg_q,
                 avg_compute_ms=avg_c,
                 queue_compute_ratio=ratio,

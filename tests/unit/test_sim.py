@@ -169,9 +169,8 @@ def test_requests_without_a_ready_replica_fail_and_count_as_misses():
         c.advance(np.array([50.0]))
     assert c._cum["ok"][-1][0] == 0.0
     assert np.allclose(c.per_step("fail")[:, 0], 50.0 * 5.0)
-    # they never reached a replica, so no Triton counted them
     models, _ = c.read(["m"], [], clock.now() + 15)
-    assert models["m"].failure_rate == 0.0
+    assert models["m"].failure_rate == pytest.approx(50.0)
 
 
 def _overload(shed: bool) -> tuple[SimCluster, VirtualClock]:
@@ -190,6 +189,7 @@ def test_a_replica_that_sheds_at_the_slo_drops_the_excess_and_triton_counts_it_a
     # Triton's success + failure: what arrived, though only mu was served
     assert models["m"].request_rate == pytest.approx(600.0, rel=0.01)
     assert models["m"].failure_rate == pytest.approx(600.0 - mu, rel=0.02)
+    assert models["m"].fast.arrival_rps == pytest.approx(600.0, rel=0.01)
     # the same overload without shedding: the queue holds 30 s of work, nothing is dropped yet,
     # and Triton shows only what completed
     k, kclock = _overload(shed=False)
