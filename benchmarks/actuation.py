@@ -76,7 +76,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -133,17 +133,27 @@ def _slices_per_gpu(cluster) -> int:
     return get_product(initial_cluster_state(cluster).gpus[0].product).compute_slices
 
 
-# windowed-max priced offline, one simulator cost at a time: (whole replicas, their queues,
-# how late capacity follows demand (None: the bound's 45 s lag), queues that shed at the SLO)
-PRICED: dict[str, tuple[bool, bool, float | None, bool]] = {
-    "priced-like-the-bound": (False, False, None, False),
-    "priced-whole-replicas": (True, False, None, False),
-    "priced-whole-queued": (True, True, None, False),
+class Grain(NamedTuple):
+    """How ``priced_one`` prices windowed-max offline: in whole replicas or fractional slices,
+    through queues or not, how late capacity follows demand (None: the bound's 45 s lag),
+    and whether the queues shed what waited past the model's SLO."""
+
+    whole: bool = False
+    queued: bool = False
+    react_s: float | None = None
+    shed: bool = False
+
+
+# one simulator cost added at a time
+PRICED: dict[str, Grain] = {
+    "priced-like-the-bound": Grain(),
+    "priced-whole-replicas": Grain(whole=True),
+    "priced-whole-queued": Grain(whole=True, queued=True),
     # as late as the fast-decisions world lets it be: one 5 s step
-    "priced-whole-queued-fast": (True, True, gen.STEP_S, False),
+    "priced-whole-queued-fast": Grain(whole=True, queued=True, react_s=gen.STEP_S),
     # not the benchmark's world but a serving-team setting: each queue sheds what waited past
     # the model's SLO (Triton's queue policy, docs/shedding.md)
-    "priced-whole-shed": (True, True, None, True),
+    "priced-whole-shed": Grain(whole=True, queued=True, shed=True),
 }
 
 
@@ -160,10 +170,10 @@ def priced_one(job: tuple[str, int, float, str]) -> dict[str, Any]:
     from autoscaler.sim import windowed as wm
 
     family, seed, hours, grain = job
-    whole, queued, react_s, shed = PRICED[grain]
+    g = PRICED[grain]
     demand, rates, floors, per_gpu = gen.priced_demand(family, seed, hours)
     replicas = None
-    if whole:
+    if g.whole:
         models, cluster, _ = gen._world(family, seed, hours)
         specs = model_specs(models, cluster)
         product = initial_cluster_state(cluster).gpus[0].product
@@ -173,11 +183,11 @@ def priced_one(job: tuple[str, int, float, str]) -> dict[str, Any]:
             rps=np.array([s.capacity[p] for s, p in zip(specs, best, strict=True)]),
             slices=np.array([float(get_product(product).profiles[p].compute) for p in best]),
             floor=np.array([float(s.min_replicas) for s in specs]),
-            slo_ms=np.array([slo[s.name] for s in specs]) if queued else None,
-            **({"queue_timeout_s": np.array([slo[s.name] / 1000.0 for s in specs])} if shed else {}))
+            slo_ms=np.array([slo[s.name] for s in specs]) if g.queued else None,
+            **({"queue_timeout_s": np.array([slo[s.name] / 1000.0 for s in specs])} if g.shed else {}))
     att, gpu_h = wm.price_offline(demand, rates, gen.STEP_S, per_gpu,
                                   wm.WindowedMaxConfig(lag_s=gen.BOUND_LAG_S, window_s=gen.BOUND_WINDOW_S),
-                                  floor_slices=floors, replicas=replicas, react_s=react_s)
+                                  floor_slices=floors, replicas=replicas, react_s=g.react_s)
     a = round(att, 6)
     return {"family": family, "seed": seed, "world": grain, "policy": "windowed-max",
             "attainment": att, "gpu_hours": gpu_h, "slice_gpu_hours": gpu_h, "errors": 0,

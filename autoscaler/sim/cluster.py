@@ -197,12 +197,11 @@ class SimCluster(SimActions, SimMetrics):
             mu_tot = np.bincount(mi, weights=mu, minlength=n)
             share = mu / mu_tot[mi]
             lam = lam_m[mi] * share
-            x_raw = q.step_x(x0, lam, mu, dt)
             slo = self.slo_s[mi]
-            x1 = np.minimum(x_raw, mu * (slo if self.config.shed_at_slo else self.config.queue_timeout_s))
+            x_raw, x1, within = q.step(x0, lam, mu, dt, slo,
+                                       slo if self.config.shed_at_slo else self.config.queue_timeout_s)
             xm = 0.5 * (x0 + x1)
             a_i = lam * dt
-            within = q.within_slo(xm, mu, slo)
             b = q.busy(xm)
             ok = np.bincount(mi, weights=a_i * within, minlength=n)
             done = np.bincount(mi, weights=np.maximum(a_i - (x_raw - x0), 0.0), minlength=n)

@@ -62,6 +62,17 @@ def step_x(x: np.ndarray, lam: np.ndarray, mu: np.ndarray, dt: float) -> np.ndar
     return 0.5 * (-b + np.sqrt(b * b + 4.0 * c))
 
 
+def step(x0: np.ndarray, lam: np.ndarray, mu: np.ndarray, dt: float, slo_s: np.ndarray | float,
+         max_wait_s: np.ndarray | float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One step of a replica's queue: (``x`` unbounded, ``x`` after dropping work beyond
+    ``max_wait_s`` of service, share of this step's arrivals within ``slo_s``). The share is
+    taken at the step's mean occupancy. One definition for the simulator and for the
+    offline pricing that must agree with it."""
+    x_raw = step_x(x0, lam, mu, dt)
+    x1 = np.minimum(x_raw, mu * max_wait_s)
+    return x_raw, x1, within_slo(0.5 * (x0 + x1), mu, slo_s)
+
+
 def stationary_x(lam: float, mu: float) -> float:
     return math.inf if lam >= mu else lam / (mu - lam)
 
@@ -127,8 +138,7 @@ def fluid_mm1(arrival_rps: np.ndarray, step_s: float, mu: float, slo_s: float) -
     ok = np.empty(len(arrival_rps))
     mu_a = np.array([mu])
     for k, lam in enumerate(arrival_rps):
-        x2 = step_x(x, np.array([lam]), mu_a, step_s)
+        _, x, within = step(x, np.array([lam]), mu_a, step_s, slo_s, math.inf)
         total[k] = lam * step_s
-        ok[k] = total[k] * float(within_slo(0.5 * (x + x2), mu_a, slo_s)[0])
-        x = x2
+        ok[k] = total[k] * float(within[0])
     return total, ok

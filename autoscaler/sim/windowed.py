@@ -277,9 +277,8 @@ def _queued_attainment(d: np.ndarray, n: np.ndarray, per_rps: np.ndarray, slo_ms
         live = nk > 0
         x0 = np.where(live, backlog / np.maximum(nk, 1.0), 0.0)
         lam = np.where(live, d[:, k] / np.maximum(nk, 1.0), 0.0)
-        x_raw = q.step_x(x0, lam, mu, step_s)
-        x1 = np.minimum(x_raw, mu * timeout_s)
-        ok += float((d[:, k] * step_s * q.within_slo(0.5 * (x0 + x1), mu, slo_s))[live].sum())
+        _, x1, within = q.step(x0, lam, mu, step_s, slo_s, timeout_s)
+        ok += float((d[:, k] * step_s * within)[live].sum())
         backlog = np.where(live, x1 * nk, backlog)
     total = float(d.sum()) * step_s
     return ok / total if total > 0 else 1.0
