@@ -36,9 +36,11 @@ What it models (defaults in ``SimConfig``):
   Prometheus ``rate(...[30s])`` evaluated on 15 s-old samples would say.
   ``request_rate`` is the completed rate, which saturates at capacity, plus the
   requests a replica's queue dropped (Triton counts both: success + failure),
-  and ``pending`` the queued requests, as Triton reports them.
-  ``failure_rate`` and the fast path's arrivals also count the requests of a
-  model with no READY replica, which no real replica's counters hold.
+  and ``pending`` the queued requests, as Triton reports them. A request that
+  arrives while its model has no READY replica fails (it counts against the
+  SLO) but no replica's counters hold it, so no metric counts it either; a
+  model with no READY replica in the whole window reads as missing (None), as
+  a Prometheus query over no series does, never as a measured 0.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ class SimCluster(SimActions, SimMetrics):
         # per-step history (index k covers [t[k], t[k] + step_s))
         self.t: list[float] = []
         n = len(self.models)
-        self._cum = {k: [np.zeros(n)] for k in ("arr", "ok", "done", "wait", "comp", "p99w", "fail", "drop")}
+        self._cum = {k: [np.zeros(n)] for k in ("arr", "ok", "done", "wait", "comp", "p99w", "fail", "drop", "lost")}
         self.pending: list[np.ndarray] = []  # queued requests per model at the end of each step
         self.capacity: list[np.ndarray] = []  # req/s at SLO of READY replicas per model
         self.p99_s: list[np.ndarray] = []  # worst replica p99 per model (nan: no traffic)
@@ -232,10 +234,11 @@ class SimCluster(SimActions, SimMetrics):
         if self._sojourns is not None and not ready:
             self._sojourns.append({})
         drop = dropped if ready else np.zeros(n)  # Triton's own failures: counted in its metrics
-        fail = np.where(nready == 0, arr, 0.0) + drop
+        lost = np.where(nready == 0, arr, 0.0)  # no replica to take them: no Triton counts them
+        fail = lost + drop
         c = self._cum
         for key, val in (("arr", arr), ("ok", ok), ("done", done), ("wait", wait), ("comp", comp),
-                         ("p99w", p99w), ("fail", fail), ("drop", drop)):
+                         ("p99w", p99w), ("fail", fail), ("drop", drop), ("lost", lost)):
             c[key].append(c[key][-1] + val)
         self.t.append(now)
         self.pending.append(pend)
@@ -284,5 +287,6 @@ class SimCluster(SimActions, SimMetrics):
 
     def per_step(self, key: str) -> np.ndarray:
         """Per-step totals of a history counter as (steps, models): "arr" arrivals, "ok" within SLO,
-        "done" completed, "fail" failed or dropped, "drop" dropped by a replica's queue."""
+        "done" completed, "fail" failed or dropped, "drop" dropped by a replica's queue, "lost"
+        arrived while the model had no READY replica."""
         return np.diff(np.array(self._cum[key]), axis=0)

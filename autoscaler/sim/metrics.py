@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from autoscaler.policy.types import FastSignals, ModelSignals, ReplicaSignals
 from autoscaler.sim import queueing as q
 
@@ -42,7 +44,8 @@ class SimMetrics:
     def _fast(self, now_s: float) -> list[FastSignals | None] | None:
         """Per model, the burst layer's signals: what a 1-2 s direct scrape of the replicas
         shows over the last ``fast_window_s``. Arrivals are inferred as a scraper must:
-        completions + failures + the growth of the queue (no arrival counter exists)."""
+        completions + failures + the growth of the queue (no arrival counter exists). A model
+        with no READY replica in the window has nothing to scrape: None."""
         cfg = self.config
         if cfg.fast_window_s is None:
             return None
@@ -54,23 +57,32 @@ class SimMetrics:
         c = self._cum
         done = c["done"][k1] - c["done"][k0]
         fail = c["fail"][k1] - c["fail"][k0]
+        drop = c["drop"][k1] - c["drop"][k0]
         wait = c["wait"][k1] - c["wait"][k0]
         comp = c["comp"][k1] - c["comp"][k0]
         arr = c["arr"][k1] - c["arr"][k0]
         p1 = self.pending[k1 - 1]
         p0 = self.pending[k0 - 1] if k0 > 0 else p1 * 0.0
+        seen = self._scraped(k0, k1)
         out: list[FastSignals | None] = []
         for i in range(len(self.models)):
+            if not seen[i]:
+                out.append(None)
+                continue
             served = arr[i] - fail[i]
             out.append(FastSignals(
                 t_s=t_end, window_s=span,
-                arrival_rps=max(0.0, float((done[i] + fail[i] + (p1[i] - p0[i])) / span)),
+                arrival_rps=max(0.0, float((done[i] + drop[i] + (p1[i] - p0[i])) / span)),
                 completed_rps=float(done[i] / span),
                 pending=float(p1[i]),
                 avg_queue_ms=float(wait[i] / served * 1000.0) if served > 0 else None,
                 avg_compute_ms=float(comp[i] / served * 1000.0) if served > 0 else None,
             ))
         return out
+
+    def _scraped(self, k0: int, k1: int) -> np.ndarray:
+        """Per model: had it a READY replica (a series to scrape) in any step of [k0, k1)?"""
+        return np.asarray(self.ready_count[k0:k1]).max(axis=0) > 0
 
     def read(
         self, models: Sequence[str], replicas: Sequence[str], now_s: float
@@ -85,10 +97,11 @@ class SimMetrics:
         fast = self._fast(now_s)
         c = self._cum
         d = {key: c[key][k1] - c[key][k0] for key in c}
+        seen = self._scraped(k0, k1)
         for m in models:
             i = self.midx.get(m)
-            if i is None:
-                out_m[m] = None
+            if i is None or not seen[i]:
+                out_m[m] = None  # no series: missing data, not a measured 0
                 continue
             served = d["arr"][i] - d["fail"][i]
             avg_q = avg_c = ratio = p99 = p50 = p95 = None
@@ -107,7 +120,7 @@ class SimMetrics:
                 # dropped is a failure (docs/metrics.md)
                 request_rate=float((d["done"][i] + d["drop"][i]) / span),
                 success_rate=float(d["done"][i] / span),
-                failure_rate=float(d["fail"][i] / span),
+                failure_rate=float(d["drop"][i] / span),
                 avg_queue_ms=avg_q,
                 avg_compute_ms=avg_c,
                 queue_compute_ratio=ratio,

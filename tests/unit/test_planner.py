@@ -277,10 +277,60 @@ def test_repartition_never_evicts_a_serving_replica_of_the_same_model():
     assert Reason.CHURN_BUDGET in p.reasons["a"]
 
 
+def test_a_scale_down_waits_until_the_replica_it_keeps_is_ready():
+    # Demand fell while a 7g was still starting: the 7g alone covers it, so the two
+    # ready 3g replicas go -- but not before the 7g serves, or the model has nothing
+    # ready in between. The drain is held (converging) and happens once it is ready.
+    caps = {"3g.40gb": 364.0, "7g.80gb": 844.0}
+    m = spec("vit", caps, max_replicas=8)
+    layouts = ((Placement(0, "7g.80gb"),), (Placement(0, "3g.40gb"), Placement(4, "3g.40gb")))
+
+    def cluster(state: ReplicaState) -> ClusterState:
+        return ClusterState(
+            gpus=tuple(GpuState(f"node/{i}", "node", A100, lay) for i, lay in enumerate(layouts)),
+            replicas=(
+                Replica("vit-0", "vit", "3g.40gb", "node/1", 0, ReplicaState.READY),
+                Replica("vit-1", "vit", "3g.40gb", "node/1", 4, ReplicaState.READY),
+                Replica("vit-2", "vit", "7g.80gb", "node/0", 0, state),
+            ),
+        )
+
+    waiting = plan([m], {"vit": 780.0}, cluster(ReplicaState.STARTING))
+    assert not [a for a in waiting.actions if a.kind in (ActionKind.DRAIN, ActionKind.DELETE)]
+    assert Reason.HOLD_CONVERGING in waiting.reasons["vit"]
+    assert_actions_are_safe(cluster(ReplicaState.STARTING), waiting, [m])
+    ready = plan([m], {"vit": 780.0}, cluster(ReplicaState.READY))
+    assert {a.replica for a in ready.actions if a.kind is ActionKind.DRAIN} == {"vit-0", "vit-1"}
+    assert Reason.HOLD_CONVERGING not in ready.reasons["vit"]
+
+
+def test_a_replacement_larger_than_the_churn_budget_waits_whole():
+    # Two 7g replicas swapped for two 1g ones (14 slices -> 2): 2 creates + 2 deletes.
+    # Under a budget of 2, starting the creates alone would leave 7g + 7g + 1g + 1g,
+    # which the next tick scales down -- a just-created 1g with it -- and the tick
+    # after starts the swap over. All or nothing: it waits for a budget that fits it.
+    m = spec("m", {"1g.10gb": 10.0, "7g.80gb": 25.0}, max_replicas=2, high_availability=True)
+    seven = (Placement(0, "7g.80gb"),)
+    cl = ClusterState(
+        gpus=(GpuState("node/0", "node", A100, seven), GpuState("node/1", "node", A100, seven),
+              GpuState("node/2", "node", A100)),
+        replicas=(Replica("m-0", "m", "7g.80gb", "node/0", 0, ReplicaState.READY),
+                  Replica("m-1", "m", "7g.80gb", "node/1", 0, ReplicaState.READY)),
+    )
+    held = plan([m], {"m": 0.0}, cl, churn_budget=2)
+    assert held.actions == ()
+    assert {Reason.PROFILE_EFFICIENCY, Reason.CHURN_BUDGET} <= set(held.reasons["m"])
+    whole = plan([m], {"m": 0.0}, cl, churn_budget=4)
+    assert sorted((a.kind, a.profile) for a in whole.actions if a.kind in (ActionKind.CREATE, ActionKind.DELETE)) \
+        == [(ActionKind.CREATE, "1g.10gb")] * 2 + [(ActionKind.DELETE, "7g.80gb")] * 2
+    assert_actions_are_safe(cl, whole, [m])
+
+
 def assert_actions_are_safe(cluster: ClusterState, p: Plan, models: list[ModelSpec]) -> None:
     """Replay the actions: a REPARTITION keeps every instance that still holds a replica,
     a CREATE lands on a free instance of the current layout, and each model's serving
-    req/s never drops below min(before, after, target) (make-before-break)."""
+    req/s never drops below min(before, after, target) (make-before-break). Serving
+    means READY: a replica still starting counts after the plan, not before it."""
     caps = {m.name: m.capacity for m in models}
 
     def rps(r: Replica) -> float:
@@ -289,8 +339,9 @@ def assert_actions_are_safe(cluster: ClusterState, p: Plan, models: list[ModelSp
     present = {r.id: r for r in cluster.replicas}
     layouts = {g.id: set(g.layout) for g in cluster.gpus}
     serving: dict[str, float] = {}
+    ready = {r.id for r in cluster.replicas if r.state is ReplicaState.READY}
     for r in cluster.replicas:
-        if r.state in (ReplicaState.READY, ReplicaState.STARTING):
+        if r.id in ready:
             serving[r.model] = serving.get(r.model, 0.0) + rps(r)
     before = dict(serving)
     after: dict[str, float] = {}
@@ -317,8 +368,11 @@ def assert_actions_are_safe(cluster: ClusterState, p: Plan, models: list[ModelSp
         elif act.kind is ActionKind.WAIT_READY:
             r = present[act.replica]
             serving[r.model] = serving.get(r.model, 0.0) + rps(r)
+            ready.add(r.id)
         elif act.kind is ActionKind.DRAIN:
             r = present[act.replica]
+            if r.id not in ready:
+                continue
             serving[r.model] -= rps(r)
             floor = min(before.get(r.model, 0.0), after.get(r.model, 0.0), p.target_rps.get(r.model, 0.0))
             assert serving[r.model] >= floor - 1e-6, f"{r.model} drops to {serving[r.model]} < {floor}"

@@ -163,14 +163,31 @@ def test_measured_service_rate_overrides_the_table_for_the_world_only():
     assert slow.sojourn_quantile("m", 50, 100, 0.99) > table.sojourn_quantile("m", 50, 100, 0.99)
 
 
-def test_requests_without_a_ready_replica_fail_and_count_as_misses():
+def test_requests_without_a_ready_replica_fail_and_count_as_misses_but_no_metric_sees_them():
     c, clock = _cluster()
     for _ in range(4):
         c.advance(np.array([50.0]))
     assert c._cum["ok"][-1][0] == 0.0
     assert np.allclose(c.per_step("fail")[:, 0], 50.0 * 5.0)
+    # no replica, no series: missing data (None), never a measured 0 or a failure rate
     models, _ = c.read(["m"], [], clock.now() + 15)
-    assert models["m"].failure_rate == pytest.approx(50.0)
+    assert models["m"] is None
+    assert c._fast(clock.now()) == [None]
+    # with a replica serving, Triton's counters (and the direct scrape) hold only what
+    # reached it: the earlier requests are in neither
+    assert c.apply([_create(rid="a")]) == []
+    for _ in range(12):  # the window (15 s late, 30 s wide) straddles its 30 s start
+        c.advance(np.array([50.0]))
+    models, _ = c.read(["m"], [], clock.now())
+    assert models["m"] is not None and models["m"].failure_rate == 0.0
+    assert models["m"].request_rate < 40.0
+    for _ in range(8):
+        c.advance(np.array([50.0]))
+    models, _ = c.read(["m"], [], clock.now())
+    m = models["m"]
+    assert m is not None and m.failure_rate == 0.0
+    assert m.request_rate == pytest.approx(50.0, rel=0.05)
+    assert m.fast is not None and m.fast.arrival_rps == pytest.approx(50.0, rel=0.05)
 
 
 def _overload(shed: bool) -> tuple[SimCluster, VirtualClock]:

@@ -8,7 +8,10 @@ Action order (make-before-break), in waves until everything is emitted:
 REPARTITION of GPUs whose removed instances are empty by now -> CREATE ->
 WAIT_READY -> DRAIN + DELETE of replicas whose replacements are ready. A
 serving replica is drained only while its model keeps at least
-min(capacity before, capacity after, target) req/s from ready replicas; a
+min(capacity before, capacity after, target) req/s from ready replicas (a
+replica still STARTING counts after, never before: a drain that waits for it
+is deferred with ``Reason.HOLD_CONVERGING`` until a later tick finds it
+ready); a
 REPARTITION waits for the DELETE of every replica on an instance it
 destroys; a CREATE on a new or occupied instance waits for its GPU's
 REPARTITION or the DELETE of the replica there. What can never become ready
@@ -26,8 +29,9 @@ replicas under a budget of 4 would start 4 a tick over three 15 s ticks, the
 last ones 30 s after the first -- on top of a 30 s start, with every request
 meanwhile queueing. Filled in this order: new
 capacity by priority (with the deletes its space depends on), clean-up and
-scale-down deletes, consolidation moves (all or nothing per model: a copy
-without its delete is churn for nothing), other replacements. Multinode
+scale-down deletes, consolidation moves, other replacements -- each of the
+last two all or nothing per model: a copy without its delete is churn for
+nothing, and the next tick would scale the copy down again. Multinode
 groups (``planner.multinode``): one CREATE per member GPU, the whole group
 selected or deferred together.
 
@@ -36,7 +40,7 @@ this call's actions leave behind (deferred changes excluded), so
 ``apply_plan_to_cluster(cluster, plan)`` matches them exactly. ``Cost``
 counts MIG instances created / destroyed by the REPARTITIONs.
 
-Size: ~530 lines, over the house limit of ~450, because the churn budget is
+Size: ~570 lines, over the house limit of ~450, because the churn budget is
 filled in one ordered pass whose stages (new capacity, clean-up, consolidation,
 replacements) share the budget and the chains they link.
 """
@@ -133,6 +137,7 @@ def finish(*, now_s: float, cluster: ClusterState, gpus: list[GpuWork], work: di
         if d is None and m is not None and m.demand is not None:
             d = m.demand
         target[name] = max(0.0, float(d)) if d is not None else math.inf
+    converging: set[str] = set()
     while True:
         _apply_selection(gpus, by_id, creates, sel_c, removed, sel_d, replicas, groups)
         actions, stuck = _order(gpus, by_id, creates, sel_c, removed, sel_d, replicas, cluster, caps, target)
@@ -143,11 +148,16 @@ def finish(*, now_s: float, cluster: ClusterState, gpus: list[GpuWork], work: di
             deferred_models.add(c.model)
         for rid in stuck[1]:
             sel_d.discard(rid)
-            deferred_models.add(replicas[rid].model)
-    for n in deferred_models:
+            model = replicas[rid].model
+            # waiting for a replica of its own that is still starting, not for budget
+            starting = any(r.model == model and r.state is ReplicaState.STARTING and r.id not in removed
+                           for r in replicas.values())
+            (converging if starting else deferred_models).add(model)
+    for n, why in [(n, Reason.CHURN_BUDGET) for n in sorted(deferred_models)] + [
+            (n, Reason.HOLD_CONVERGING) for n in sorted(converging - deferred_models)]:
         reasons.setdefault(n, [])
-        if Reason.CHURN_BUDGET not in reasons[n]:
-            reasons[n].append(Reason.CHURN_BUDGET)
+        if why not in reasons[n]:
+            reasons[n].append(why)
 
     # ---- ids, assignments, layouts
     taken = {r.id for r in cluster.replicas}
@@ -318,24 +328,27 @@ def _select(creates: list[_Create], removed: dict[str, Reason], replicas: dict[s
     for rid in sorted(removed, key=lambda r: (removed[r] in REPLACING, r)):
         if removed[rid] not in REPLACING:
             take_delete(rid)
-    # A consolidation move is all or nothing per model: a copy made without
-    # deleting the original is churn for nothing (the next tick would just
-    # scale the extra replica down again).
-    for model in sorted({c.model for c in creates if c.reason is Reason.CONSOLIDATE}):
-        cs = [c for c in creates if c.model == model and c.reason is Reason.CONSOLIDATE]
-        ds = sorted(r for r in removed if removed[r] is Reason.CONSOLIDATE and replicas[r].model == model)
-        take_create(cs, ds)
-    rest = [c for c in creates if c.reason in REPLACING and c.reason is not Reason.CONSOLIDATE]
-    for u in units(rest):
-        take_create(u)
-        for rid in sorted(removed):
-            if removed[rid] in REPLACING and replicas[rid].model == u[0].model:
-                take_delete(rid)
+    # A move or a replacement is all or nothing per model: copies made without
+    # deleting what they replace are churn for nothing -- the next tick finds the
+    # model over its demand and scales the copies down again, and the tick after
+    # starts the replacement over (a loop, one start delay per turn).
+    for reason in (Reason.CONSOLIDATE, None):
+        for model in sorted({c.model for c in creates if _replaces(c.reason, reason)}):
+            cs = [c for c in creates if c.model == model and _replaces(c.reason, reason)]
+            ds = sorted(r for r in removed if _replaces(removed[r], reason) and replicas[r].model == model)
+            take_create(cs, ds)
     for rid in sorted(removed):
         take_delete(rid)
     deferred = {c.model for c in creates if c.order not in sel_c}
     deferred |= {replicas[r].model for r in removed if r not in sel_d}
     return sel_c, sel_d, deferred
+
+
+def _replaces(why: Reason, consolidate: Reason | None) -> bool:
+    """``consolidate`` CONSOLIDATE: a consolidation move; None: any other replacement."""
+    if consolidate is not None:
+        return why is consolidate
+    return why in REPLACING and why is not Reason.CONSOLIDATE
 
 
 def _needs_cut(g: GpuWork, c: _Create) -> bool:
@@ -450,15 +463,18 @@ def _order(gpus: list[GpuWork], by_id: dict[str, GpuWork], creates: list[_Create
     def rps(model: str, profile: str) -> float:
         return float(caps.get(model, {}).get(profile, 0.0))
 
+    # A replica still STARTING serves nothing yet: it counts toward the capacity
+    # after the plan, never toward what serves while the plan runs, so a ready
+    # replica it is to replace stays until a later tick finds it ready.
     serving: dict[str, float] = {}
+    after: dict[str, float] = {}
     for r in replicas.values():
-        if r.state in HEALTHY and r.profile != WHOLE:
+        if r.profile == WHOLE:
+            continue
+        if r.state is ReplicaState.READY:
             serving[r.model] = serving.get(r.model, 0.0) + rps(r.model, r.profile)
-    after = dict(serving)
-    for rid in sel_d:
-        r = replicas[rid]
-        if r.state in HEALTHY and r.profile != WHOLE:
-            after[r.model] = after.get(r.model, 0.0) - rps(r.model, r.profile)
+        if r.state in HEALTHY and r.id not in sel_d:
+            after[r.model] = after.get(r.model, 0.0) + rps(r.model, r.profile)
     for c in creates:
         if c.order in sel_c and c.profile != WHOLE:
             after[c.model] = after.get(c.model, 0.0) + rps(c.model, c.profile)
@@ -495,7 +511,7 @@ def _order(gpus: list[GpuWork], by_id: dict[str, GpuWork], creates: list[_Create
             if rid in done_d:
                 continue
             r = replicas[rid]
-            c = rps(r.model, r.profile) if r.state in HEALTHY and r.profile != WHOLE else 0.0
+            c = rps(r.model, r.profile) if r.state is ReplicaState.READY and r.profile != WHOLE else 0.0
             if c and serving.get(r.model, 0.0) - c < floor.get(r.model, 0.0) - 1e-9:
                 continue
             serving[r.model] = serving.get(r.model, 0.0) - c
