@@ -169,6 +169,7 @@ def test_requests_without_a_ready_replica_fail_and_count_as_misses_but_no_metric
         c.advance(np.array([50.0]))
     assert c._cum["ok"][-1][0] == 0.0
     assert np.allclose(c.per_step("fail")[:, 0], 50.0 * 5.0)
+    assert np.allclose(c.per_step("lost")[:, 0], 50.0 * 5.0) and not c.per_step("drop").any()
     # no replica, no series: missing data (None), never a measured 0 or a failure rate
     models, _ = c.read(["m"], [], clock.now() + 15)
     assert models["m"] is None
