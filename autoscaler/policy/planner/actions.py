@@ -138,6 +138,8 @@ def finish(*, now_s: float, cluster: ClusterState, gpus: list[GpuWork], work: di
             d = m.demand
         target[name] = max(0.0, float(d)) if d is not None else math.inf
     converging: set[str] = set()
+    # models with a replica still starting that the plan keeps: a drain stuck on one waits for it
+    starting = {r.model for r in replicas.values() if r.state is ReplicaState.STARTING and r.id not in removed}
     while True:
         _apply_selection(gpus, by_id, creates, sel_c, removed, sel_d, replicas, groups)
         actions, stuck = _order(gpus, by_id, creates, sel_c, removed, sel_d, replicas, cluster, caps, target)
@@ -149,15 +151,11 @@ def finish(*, now_s: float, cluster: ClusterState, gpus: list[GpuWork], work: di
         for rid in stuck[1]:
             sel_d.discard(rid)
             model = replicas[rid].model
-            # waiting for a replica of its own that is still starting, not for budget
-            starting = any(r.model == model and r.state is ReplicaState.STARTING and r.id not in removed
-                           for r in replicas.values())
-            (converging if starting else deferred_models).add(model)
-    for n, why in [(n, Reason.CHURN_BUDGET) for n in sorted(deferred_models)] + [
-            (n, Reason.HOLD_CONVERGING) for n in sorted(converging - deferred_models)]:
-        reasons.setdefault(n, [])
-        if why not in reasons[n]:
-            reasons[n].append(why)
+            (converging if model in starting else deferred_models).add(model)
+    for n in deferred_models:
+        _add_reason(reasons, n, Reason.CHURN_BUDGET)
+    for n in converging - deferred_models:
+        _add_reason(reasons, n, Reason.HOLD_CONVERGING)
 
     # ---- ids, assignments, layouts
     taken = {r.id for r in cluster.replicas}
@@ -219,9 +217,7 @@ def finish(*, now_s: float, cluster: ClusterState, gpus: list[GpuWork], work: di
         n = per_model.get(name, 0)
         floor = min(max(spec.min_replicas, 2 if spec.high_availability else 0), spec.max_replicas)
         if gap > 1e-9 or n < floor:
-            reasons.setdefault(name, [])
-            if Reason.SHORTFALL not in reasons[name]:
-                reasons[name].append(Reason.SHORTFALL)
+            _add_reason(reasons, name, Reason.SHORTFALL)
     for name in specs:
         rs = reasons.setdefault(name, [])
         if not rs:
@@ -332,10 +328,10 @@ def _select(creates: list[_Create], removed: dict[str, Reason], replicas: dict[s
     # deleting what they replace are churn for nothing -- the next tick finds the
     # model over its demand and scales the copies down again, and the tick after
     # starts the replacement over (a loop, one start delay per turn).
-    for reason in (Reason.CONSOLIDATE, None):
-        for model in sorted({c.model for c in creates if _replaces(c.reason, reason)}):
-            cs = [c for c in creates if c.model == model and _replaces(c.reason, reason)]
-            ds = sorted(r for r in removed if _replaces(removed[r], reason) and replicas[r].model == model)
+    for kind in ("move", "replace"):
+        for model in sorted({c.model for c in creates if _replacement(c.reason) == kind}):
+            cs = [c for c in creates if c.model == model and _replacement(c.reason) == kind]
+            ds = sorted(r for r in removed if _replacement(removed[r]) == kind and replicas[r].model == model)
             take_create(cs, ds)
     for rid in sorted(removed):
         take_delete(rid)
@@ -344,11 +340,17 @@ def _select(creates: list[_Create], removed: dict[str, Reason], replicas: dict[s
     return sel_c, sel_d, deferred
 
 
-def _replaces(why: Reason, consolidate: Reason | None) -> bool:
-    """``consolidate`` CONSOLIDATE: a consolidation move; None: any other replacement."""
-    if consolidate is not None:
-        return why is consolidate
-    return why in REPLACING and why is not Reason.CONSOLIDATE
+def _replacement(why: Reason) -> str | None:
+    """"move" for a consolidation move, "replace" for any other replacement, else None."""
+    if why is Reason.CONSOLIDATE:
+        return "move"
+    return "replace" if why in REPLACING else None
+
+
+def _add_reason(reasons: dict[str, list[Reason]], model: str, why: Reason) -> None:
+    rs = reasons.setdefault(model, [])
+    if why not in rs:
+        rs.append(why)
 
 
 def _needs_cut(g: GpuWork, c: _Create) -> bool:
