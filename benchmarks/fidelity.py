@@ -58,6 +58,7 @@ from autoscaler.policy.types import (
 from autoscaler.runtime.local import FAST_WINDOW_S  # the local controller's burst-layer window
 from autoscaler.sim.cluster import SimCluster, SimConfig
 from autoscaler.sim.run import SimTime
+from loadtests import resend
 from loadtests.shapes import Step
 
 REPO = Path(__file__).resolve().parents[1] / "triton_models"
@@ -154,7 +155,7 @@ class OpenLoopLoad:
                 time.sleep(wait)
             ok = True
             try:
-                client.infer("resnet", [inp])
+                resend.infer(client, "resnet", [inp])  # through the door, which reloads as it scales
             except Exception:  # noqa: BLE001 - a failed request is an SLO miss, counted
                 ok = False
             with self._lock:

@@ -24,6 +24,7 @@ from typing import Any
 
 from locust import User, task
 
+from loadtests import resend
 from loadtests.inputs import ModelIO, build_inputs, fetch_model_io, requested_outputs, response_bytes
 from loadtests.weights import parse_weights, weights_from_file  # noqa: F401  (re-exported)
 
@@ -146,7 +147,8 @@ class TritonUser(User):
         length = 0
         try:
             inputs, outputs = self._prepared(model)
-            result = self.client.infer(model, inputs, outputs=outputs)
+            # a front door's reload may close the connection unanswered: one resend (loadtests/resend.py)
+            result = resend.infer(self.client, model, inputs, outputs)
             length = response_bytes(result)
         except Exception as e:  # noqa: BLE001 - every failure is a failed request in the stats
             exc = e

@@ -29,6 +29,7 @@ from autoscaler.act.local.pids import load_records, proc_alive, stop_recorded
 from autoscaler.act.local.replicas import ModelRuntime
 from autoscaler.policy.planner import plan
 from autoscaler.policy.types import ActionKind, GpuState, ModelSpec, ReplicaState
+from loadtests import resend
 
 pytestmark = pytest.mark.integration
 
@@ -115,7 +116,8 @@ def _x(rows: int = 2, seed: int = 0) -> np.ndarray:
 def _infer(client: th.InferenceServerClient, x: np.ndarray) -> np.ndarray:
     i = th.InferInput("X", list(x.shape), "FP32")
     i.set_data_from_numpy(x)
-    return client.infer("llm", [i]).as_numpy("Y")
+    # a client that resends once what a reloading front door closed unanswered (loadtests/resend.py)
+    return resend.infer(client, "llm", [i]).as_numpy("Y")
 
 
 def _client(c: LocalCluster) -> th.InferenceServerClient:

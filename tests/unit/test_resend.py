@@ -1,0 +1,151 @@
+"""loadtests/resend.py against a keep-alive server that closes a connection unanswered.
+
+The server speaks just enough HTTP/1.1 for ``tritonclient.http``: it answers
+inference with a JSON body and keeps the connection open, except for the
+requests listed in ``close_on``, on which it reads the request and closes the
+connection without a byte of response -- what a reloading front door does to
+a request that arrives on an idle keep-alive connection it is closing.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+
+import numpy as np
+import pytest
+import tritonclient.http as th
+from geventhttpclient.response import HTTPConnectionClosed
+
+from loadtests import resend
+
+ANSWER = {"model_name": "m", "outputs": [{"name": "Y", "datatype": "FP32", "shape": [1], "data": [2.0]}]}
+
+
+class ClosingServer:
+    def __init__(self, close_on: set[int], status: int = 200) -> None:
+        self.close_on = close_on
+        self.status = status
+        self.requests = 0
+        self.connections = 0
+        self._lock = threading.Lock()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self._threads: list[threading.Thread] = []
+        self._accept = threading.Thread(target=self._serve, daemon=True)
+        self._accept.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+            t = threading.Thread(target=self._handle, args=(conn,), daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    def _read_request(self, f) -> bool:
+        line = f.readline()
+        if not line:
+            return False
+        length = 0
+        while (h := f.readline()) not in (b"\r\n", b""):
+            name, _, value = h.decode().partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        f.read(length)
+        return True
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as f:
+            while self._read_request(f):
+                with self._lock:
+                    self.requests += 1
+                    n = self.requests
+                if n in self.close_on:
+                    return  # closed with the request read and nothing answered
+                body = json.dumps(ANSWER if self.status == 200 else {"error": "boom"}).encode()
+                head = (
+                    f"HTTP/1.1 {self.status} X\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\nConnection: keep-alive\r\n\r\n"
+                )
+                conn.sendall(head.encode() + body)
+
+    def close(self) -> None:
+        self.sock.close()
+        for t in self._threads:
+            t.join(5)
+
+
+@pytest.fixture
+def server_factory():
+    made: list[ClosingServer] = []
+
+    def make(close_on: set[int], status: int = 200) -> ClosingServer:
+        s = ClosingServer(close_on, status)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def _inputs() -> list:
+    i = th.InferInput("X", [1], "FP32")
+    i.set_data_from_numpy(np.ones(1, dtype=np.float32))
+    return [i]
+
+
+def _client(port: int) -> th.InferenceServerClient:
+    return th.InferenceServerClient(f"127.0.0.1:{port}", concurrency=1, network_timeout=10)
+
+
+def test_the_client_alone_does_not_resend_an_unanswered_post(server_factory):
+    s = server_factory({2})
+    client = _client(s.port)
+    try:
+        assert client.infer("m", _inputs()).as_numpy("Y").tolist() == [2.0]
+        with pytest.raises(HTTPConnectionClosed):
+            client.infer("m", _inputs())
+        assert s.requests == 2
+    finally:
+        client.close()
+
+
+def test_an_unanswered_close_is_sent_once_more_on_a_new_connection(server_factory):
+    s = server_factory({2})
+    client = _client(s.port)
+    try:
+        assert resend.infer(client, "m", _inputs()).as_numpy("Y").tolist() == [2.0]
+        assert resend.infer(client, "m", _inputs()).as_numpy("Y").tolist() == [2.0]
+        # request 2 was closed unanswered; request 3 is its resend, on a second connection
+        assert (s.requests, s.connections) == (3, 2)
+    finally:
+        client.close()
+
+
+def test_a_second_close_is_the_callers_failure(server_factory):
+    s = server_factory({1, 2, 3})
+    client = _client(s.port)
+    try:
+        with pytest.raises(HTTPConnectionClosed):
+            resend.infer(client, "m", _inputs())
+        assert s.requests == 2  # one resend, never more
+    finally:
+        client.close()
+
+
+def test_an_answered_error_is_not_resent(server_factory):
+    s = server_factory(set(), status=500)
+    client = _client(s.port)
+    try:
+        with pytest.raises(Exception, match="boom"):
+            resend.infer(client, "m", _inputs())
+        assert s.requests == 1
+    finally:
+        client.close()
