@@ -339,6 +339,8 @@ def _observe_model(obs, state: PolicyState, cfg: PolicyConfig, spec: ModelSpec, 
             corr, _ = dm.update_correction(
                 corr, sig.p99_ms, cfg.slo_p99_ms.get(name), util, sig.latency_is_average, cfg.correction
             )
+        else:  # a miss refutes an optimistic table even while capacity moves
+            corr, _ = dm.relax_optimism(corr, sig.p99_ms, cfg.slo_p99_ms.get(name), cfg.correction)
     est = (
         dm.estimate(hist, panic, now_s, cfg.short_window_s, cfg.long_window_s)
         if observed is not None

@@ -258,6 +258,7 @@ def update_correction(
       from it would keep capacity inflated once the backlog is gone;
     - under half the SLO while busy (utilization >= 0.7) and a real quantile:
       the table is pessimistic and the factor shrinks;
+    - over the SLO with a factor below 1 at any other load: ``relax_optimism``;
     - otherwise unchanged. The factor stays within [lo, hi].
     """
     if p99_ms is None or slo_p99_ms is None or slo_p99_ms <= 0 or not math.isfinite(p99_ms) or p99_ms <= 0:
@@ -265,6 +266,8 @@ def update_correction(
     r = p99_ms / slo_p99_ms
     if r > 1.0 and utilization is not None and utilization <= cfg.max_utilization_up:
         sample = min(r, cfg.hi)
+    elif r > 1.0 and factor < 1.0:
+        return relax_optimism(factor, p99_ms, slo_p99_ms, cfg)
     elif (
         r < cfg.low_band
         and not latency_is_average
@@ -282,6 +285,30 @@ def update_correction(
         return factor, False
     new = math.exp((1 - cfg.alpha) * math.log(factor) + cfg.alpha * math.log(factor * sample))
     return min(cfg.hi, max(cfg.lo, new)), True
+
+
+def relax_optimism(
+    factor: float, p99_ms: float | None, slo_p99_ms: float | None, cfg: CorrectionConfig = CorrectionConfig()
+) -> tuple[float, bool]:
+    """A factor below 1 moves toward 1 (at alpha, never past it) while the SLO is missed.
+
+    A factor below 1 says the replicas serve more than their table. A missed
+    SLO refutes that at any load: were they faster, the load would not miss.
+    ``update_correction`` learns upward only at utilization <= 1, and a model
+    whose corrected demand fits its replicas while its queue sheds never gets
+    there: at factor 0.57 the 938 req/s arriving at a 675 req/s replica count
+    as 538, nothing scales, and utilization (from the saturation guess) reads
+    3.2, so the p99 of 600 ms against 100 ms teaches nothing -- the model stays
+    stranded on one replica for hours. Moving toward 1 can only raise what is
+    required, up to the table, so it needs no settled capacity either: a miss
+    read wrongly costs capacity, never the SLO.
+    """
+    if (
+        factor >= 1.0 or p99_ms is None or slo_p99_ms is None or slo_p99_ms <= 0
+        or not math.isfinite(p99_ms) or p99_ms <= slo_p99_ms
+    ):
+        return factor, False
+    return min(1.0, max(cfg.lo, math.exp((1 - cfg.alpha) * math.log(factor)))), True
 
 
 def capacity_settled(model: str, cluster: ClusterState, panic: PanicState, now_s: float, window_s: float) -> bool:

@@ -14,6 +14,7 @@ from autoscaler.policy.hpa import DEFAULT_SCALE_UP, ScalingRules, SelectPolicy
 from autoscaler.policy.types import (
     ActionKind,
     ClusterState,
+    FastSignals,
     GpuState,
     ModelSignals,
     ModelSpec,
@@ -205,6 +206,26 @@ def test_overload_latency_does_not_inflate_the_correction():
     h = Harness(config(), cluster(a=2))
     h.step(0, {"a": sig("a", 300, 0, p99_ms=400.0), "b": sig("b", 100 / 1.2, 0)})
     assert h.state.diagnostics["a"].correction == 1.0
+
+
+def test_a_shedding_model_with_an_optimistic_correction_is_not_stranded():
+    # A flash crowd left a at factor 0.5 (replicas serving twice their table). Now
+    # 150 req/s arrive at 2 x 50: completions saturate at 100, the queue sheds the
+    # rest (pending stays low) and p99 is 6x the SLO. Corrected, 150 counts as 75:
+    # it fits, so neither the floor nor the burst layer adds a replica, and the
+    # saturation guess (queue 10x compute -> 4 x 100 served) puts utilization at 2,
+    # where a miss reads as overload. Only the miss itself can undo the factor.
+    h = Harness(config(), cluster(a=2))
+    h.state = PolicyState(correction={"a": 0.5})
+    for t in range(0, 25, 5):
+        fast = FastSignals(t_s=t, window_s=3.0, arrival_rps=150.0, completed_rps=100.0, pending=2.0,
+                           avg_queue_ms=300.0, avg_compute_ms=30.0)
+        a = sig("a", 100, t, p99_ms=300.0, avg_queue_ms=300.0, avg_compute_ms=30.0, fast=fast)
+        h.step(t, {"a": a, "b": sig("b", 100 / 1.2, t)})
+    # relaxed to 1 within five ticks (once replicas are added, a miss below full
+    # utilization may raise it further, as any optimistic table's would)
+    assert h.state.diagnostics["a"].correction >= 0.95
+    assert h.count("a") >= 4  # 150 x ~1 x 1.2 = 180 req/s: four replicas of 50
 
 
 def test_observe_only_keeps_history_but_recommends_nothing():

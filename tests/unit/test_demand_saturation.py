@@ -81,3 +81,26 @@ def test_a_saturation_guess_is_a_demand_above_the_served_rate_near_capacity():
     assert not dm.is_saturation_guess(sig(rate=100.0), 10.0, capacity_rps=100.0)
     assert not dm.is_saturation_guess(sig(rate=None, pending=5.0), 10.0, capacity_rps=100.0)
     assert not dm.is_saturation_guess(None, 10.0, capacity_rps=100.0)
+
+
+def test_a_miss_relaxes_an_optimistic_correction_toward_one_at_any_load():
+    # Overloaded on the saturation guess (utilization 3.2): the miss cannot raise the
+    # factor past 1 (that needs utilization <= 1), but a factor below 1 -- replicas
+    # serving more than their table -- is refuted by any miss and moves toward 1.
+    f, learned = dm.update_correction(0.5, 600.0, 100.0, 3.2, False)
+    assert learned and f == pytest.approx(0.5 ** 0.8)
+    for _ in range(100):
+        f, _ = dm.update_correction(f, 600.0, 100.0, 3.2, False)
+    assert 0.99 < f <= 1.0
+    # at 1 the overload teaches nothing, as before
+    assert dm.update_correction(1.0, 600.0, 100.0, 3.2, False) == (1.0, False)
+    # within the SLO an optimistic factor stays: only a miss refutes it
+    assert dm.update_correction(0.5, 90.0, 100.0, 3.2, False) == (0.5, False)
+
+
+def test_relax_optimism_never_passes_one_and_needs_a_real_miss():
+    assert dm.relax_optimism(0.5, 150.0, 100.0) == (pytest.approx(0.5 ** 0.8), True)
+    assert dm.relax_optimism(0.99, 1e6, 100.0)[0] <= 1.0
+    for p99, slo in ((100.0, 100.0), (None, 100.0), (150.0, None), (float("nan"), 100.0), (150.0, 0.0)):
+        assert dm.relax_optimism(0.5, p99, slo) == (0.5, False)
+    assert dm.relax_optimism(1.3, 500.0, 100.0) == (1.3, False)  # above 1 is update_correction's business
