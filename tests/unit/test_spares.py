@@ -50,15 +50,15 @@ def test_spares_follow_the_quantile_of_cold_creates_per_horizon_and_are_bounded(
         s = sp.record(s, k * 1000.0, {"2g.20gb": 1})
     assert sp.wanted(s, 4000.0, H) == {"2g.20gb": 1}
     s = sp.record(s, 5000.0, {"1g.10gb": 6})
-    got = sp.wanted(s, 5000.0, H)
-    assert got == {"1g.10gb": 2}  # quantile 3.5 of [1,1,1,1,1,6] -> bounded to max_spares 2
+    assert sp.wanted(s, 5000.0, H) == {"1g.10gb": 4}  # quantile 3.5 of [1,1,1,1,1,6] -> 4
+    assert sp.wanted(s, 5000.0, H, sp.SpareConfig(max_spares=2)) == {"1g.10gb": 2}  # bounded
     assert sp.wanted(s, 5000.0, H, sp.SpareConfig(max_spares=0)) == {}
 
 
 def test_old_cold_creates_leave_the_window():
     cfg = sp.SpareConfig(window_s=3600.0)
     s = sp.record(sp.SpareState(), 0.0, {"1g.10gb": 3}, cfg)
-    assert sp.wanted(s, 100.0, H, cfg) == {"1g.10gb": 2}
+    assert sp.wanted(s, 100.0, H, cfg) == {"1g.10gb": 3}
     s = sp.record(s, 4000.0, {}, cfg)
     assert s.events == () and sp.wanted(s, 4000.0, H, cfg) == {}
 
