@@ -256,7 +256,7 @@ def update_correction(
       still). Over the SLO while *over*loaded says nothing about the table --
       that is plain under-provisioning, which demand already fixes; learning
       from it would keep capacity inflated once the backlog is gone;
-    - under half the SLO while busy (utilization >= 0.7) and a real quantile:
+    - under half the SLO while busy (utilization >= ``min_utilization``, 0.9) and a real quantile:
       the table is pessimistic and the factor shrinks;
     - over the SLO with a factor below 1 at any other load: ``relax_optimism``;
     - otherwise unchanged. The factor stays within [lo, hi].

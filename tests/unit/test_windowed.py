@@ -22,7 +22,8 @@ from autoscaler.sim import windowed as wm
 from autoscaler.sim.run import POLICIES, SimError, simulate
 from autoscaler.sim.traces import Trace
 
-CFG = wm.WindowedMaxConfig(window_s=60.0, lag_s=30.0, history_s=600.0, min_samples=4, prior=0.2, hi=1.5)
+# quantile 0.99 fixed here (not the shipped default): the arithmetic below picks the top sample of ten
+CFG = wm.WindowedMaxConfig(window_s=60.0, lag_s=30.0, history_s=600.0, min_samples=4, prior=0.2, hi=1.5, quantile=0.99)
 SPEC = ModelSpec(name="m", capacity={"1g.10gb": 100.0, "2g.20gb": 210.0}, allowed_profiles=("1g.10gb", "2g.20gb"))
 GPU = GpuState(id="g0", node="n0", product="A100-SXM4-80GB")
 
