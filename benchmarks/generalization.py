@@ -48,6 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from autoscaler.policy.forecast import HeadroomConfig  # importable once ROOT is on the path
+
 RESULTS = ROOT / "benchmarks" / "results"
 DEV_SEEDS = (1, 2, 3, 4, 5)
 HELDOUT_SEEDS = (6, 7, 8, 9, 10)
@@ -57,10 +59,10 @@ BOUND_WINDOW_S = 300.0
 BOUND_CURVE = (0.95, 0.97, 0.98, 0.99, 0.995, 0.999)
 TARGET_ATTAINMENT = 0.99
 # policy -> (knob, settings, default). migscale's knob is the quantile of the
-# learned headroom; the HPA baselines' defaults are the reference values
+# learned headroom, its default the policy's own; the HPA baselines' defaults are the reference values
 # (NVIDIA's queue:compute ratio 1, the common 70% utilisation target).
 KNOBS: dict[str, tuple[str, tuple[float, ...], float]] = {
-    "migscale": ("headroom_quantile", (0.9, 0.95, 0.99), 0.9),
+    "migscale": ("headroom_quantile", (0.9, 0.95, 0.99), HeadroomConfig.quantile),
     "hpa-util": ("target", (0.5, 0.7, 0.85), 0.7),
     "hpa-queue": ("target", (0.5, 1.0, 2.0), 1.0),
 }

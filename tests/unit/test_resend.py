@@ -10,8 +10,8 @@ a request that arrives on an idle keep-alive connection it is closing.
 from __future__ import annotations
 
 import json
-import socket
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -23,6 +23,35 @@ from loadtests import resend
 ANSWER = {"model_name": "m", "outputs": [{"name": "Y", "datatype": "FP32", "shape": [1], "data": [2.0]}]}
 
 
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the front door
+
+    def do_POST(self) -> None:
+        srv: ClosingServer = self.server.owner  # type: ignore[attr-defined]
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if srv.count_request() in srv.close_on:
+            self.close_connection = True  # the request read, nothing answered
+            return
+        body = json.dumps(ANSWER if srv.status == 200 else {"error": "boom"}).encode()
+        self.send_response(srv.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def process_request(self, request, client_address) -> None:
+        with self.owner._lock:
+            self.owner.connections += 1
+        super().process_request(request, client_address)
+
+
 class ClosingServer:
     def __init__(self, close_on: set[int], status: int = 200) -> None:
         self.close_on = close_on
@@ -30,55 +59,21 @@ class ClosingServer:
         self.requests = 0
         self.connections = 0
         self._lock = threading.Lock()
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self._threads: list[threading.Thread] = []
-        self._accept = threading.Thread(target=self._serve, daemon=True)
-        self._accept.start()
+        self.httpd = _Server(("127.0.0.1", 0), _Handler)
+        self.httpd.owner = self  # type: ignore[attr-defined]
+        self.port = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+        self._thread.start()
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with self._lock:
-                self.connections += 1
-            t = threading.Thread(target=self._handle, args=(conn,), daemon=True)
-            self._threads.append(t)
-            t.start()
-
-    def _read_request(self, f) -> bool:
-        line = f.readline()
-        if not line:
-            return False
-        length = 0
-        while (h := f.readline()) not in (b"\r\n", b""):
-            name, _, value = h.decode().partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value)
-        f.read(length)
-        return True
-
-    def _handle(self, conn: socket.socket) -> None:
-        with conn, conn.makefile("rb") as f:
-            while self._read_request(f):
-                with self._lock:
-                    self.requests += 1
-                    n = self.requests
-                if n in self.close_on:
-                    return  # closed with the request read and nothing answered
-                body = json.dumps(ANSWER if self.status == 200 else {"error": "boom"}).encode()
-                head = (
-                    f"HTTP/1.1 {self.status} X\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\nConnection: keep-alive\r\n\r\n"
-                )
-                conn.sendall(head.encode() + body)
+    def count_request(self) -> int:
+        with self._lock:
+            self.requests += 1
+            return self.requests
 
     def close(self) -> None:
-        self.sock.close()
-        for t in self._threads:
-            t.join(5)
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join(5)
 
 
 @pytest.fixture
