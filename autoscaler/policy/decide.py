@@ -398,6 +398,7 @@ class _Step:
     stages: list[Stage] = field(default_factory=list)
     why: list[Reason] = field(default_factory=list)
     demand_driven: bool = True  # the demand metric (not queue:compute) set the proposal
+    partial: bool = False  # some live replica reports no metrics (starting, or its scrape missing)
 
 
 def _propose(
@@ -432,6 +433,7 @@ def _propose(
         return desired, desired
     # HPA type: Pods -- each reporting replica carries required / k; the rest are missing
     k = n if sig.ready_replicas is None else max(0, min(n, sig.ready_replicas))
+    step.partial = k < n
     values: list[float | None] = [required / k] * k + [None] * (n - k) if k else [None] * n
     # The tolerance damps scale-downs only: a rise the floor or the burst layer asks
     # for is what the learned headroom says the SLO needs, and HPA's 10% band would
@@ -457,11 +459,11 @@ def _target_rps(step: _Step, desired: int, held_rps: float | None = None) -> flo
 
     ``held_rps``: when the count holds, the highest req/s required over the
     right-size window (``rightsize_window_s``, 30 min by default; None: some of
-    it was blind, or right-sizing is off). Asking the planner for that instead
-    of the running capacity lets it right-size profiles -- swap a 7g replica
-    left over from a burst for a 2g once demand has stayed low for the window;
-    the planner only does so when it frees whole slices on an instance that
-    exists now. Measured on the 24 h benchmark (4 seeds): 6% fewer GPU-hours
+    it was blind, right-sizing is off, or a live replica reports no metrics).
+    Asking the planner for that instead of the running capacity lets it
+    right-size profiles -- swap a 7g replica left over from a burst for a 2g
+    once demand has stayed low for the window; the planner only does so when it
+    frees whole slices on an instance that exists now. Measured on the 24 h benchmark (4 seeds): 6% fewer GPU-hours
     for 0.1 points of SLO attainment; with the 300 s scale-down window instead
     of 30 min it cost 0.5 points (the oversized replica's slack was absorbing
     bursts).
@@ -635,7 +637,11 @@ def decide(
         if desired != n:
             moving.add(name)
         counts[name] = desired
-        target_rps[name] = tgt = _target_rps(step, desired, _held_rps(peaks.get(name, ()), now_s, config))
+        # On a partial picture (a replica without metrics: starting, or its scrape
+        # missing) a holding count holds what runs whole: right-sizing to the window's
+        # peak would remove capacity the policy cannot see yet, as a scale-down would.
+        held = None if step.partial else _held_rps(peaks.get(name, ()), now_s, config)
+        target_rps[name] = tgt = _target_rps(step, desired, held)
 
         why = step.why
         for st in step.stages:

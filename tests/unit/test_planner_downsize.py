@@ -100,3 +100,34 @@ def test_right_sizing_off_holds_the_running_capacity():
     cfg = PolicyConfig(models=(SPEC,), slo_p99_ms={"vit": 200.0}, tick_s=15.0, rightsize_window_s=0.0)
     targets = _targets(cfg, low_s=1800.0)
     assert all(v == 844.0 for ts, v in targets if ts >= 600.0 + 400.0)
+
+
+def _after_window(cfg: PolicyConfig) -> tuple[PolicyState, float]:
+    """The state after 10 min at 600 req/s, then 25 min at 250: right-sizing is due."""
+    cl, state, t = _cluster(), PolicyState(), 0.0
+    for rps, n in ((600.0, 40), (250.0, 100)):
+        for _ in range(n):
+            _, state = decide(_obs(t, rps, cl), state, cfg, t, planner=plan)
+            t += 15.0
+    return state, t
+
+
+def test_a_replica_without_metrics_stops_right_sizing_until_it_reports():
+    # The urgent path can start more than the right-size window's peak asks for. While
+    # that replica starts, the picture is partial: trimming it would be a scale-down
+    # on metrics the policy does not have yet.
+    cfg = PolicyConfig(models=(SPEC,), slo_p99_ms={"vit": 200.0}, tick_s=15.0, rightsize_window_s=1200.0)
+    state, t = _after_window(cfg)
+    base = _cluster()
+    starting = Replica("vit-1", "vit", "3g.40gb", "g1", 0, ReplicaState.STARTING)
+    cl = ClusterState(base.gpus, (*base.replicas, starting))
+    sig = ModelSignals(model="vit", t_s=t, request_rate=250.0, p99_ms=50.0, ready_replicas=1)
+    p, _ = decide(Observation(t_s=t, cluster=cl, models={"vit": sig}), state, cfg, t, planner=plan)
+    assert p.target_rps["vit"] == 844.0 + 364.0  # what runs, whole
+    assert not [a for a in p.actions if a.kind in (ActionKind.DRAIN, ActionKind.DELETE)]
+    # once both report, the window's peak is asked for again and the extra replica goes
+    ready = ClusterState(base.gpus, (*base.replicas, Replica("vit-1", "vit", "3g.40gb", "g1", 0)))
+    sig = ModelSignals(model="vit", t_s=t, request_rate=250.0, p99_ms=50.0, ready_replicas=2)
+    p, _ = decide(Observation(t_s=t, cluster=ready, models={"vit": sig}), state, cfg, t, planner=plan)
+    assert p.target_rps["vit"] < 844.0
+    assert [a for a in p.actions if a.kind is ActionKind.DRAIN]
