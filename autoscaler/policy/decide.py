@@ -459,18 +459,22 @@ def _target_rps(step: _Step, desired: int, held_rps: float | None = None) -> flo
 
     ``held_rps``: when the count holds, the highest req/s required over the
     right-size window (``rightsize_window_s``, 30 min by default; None: some of
-    it was blind, right-sizing is off, or a live replica reports no metrics).
-    Asking the planner for that instead of the running capacity lets it
-    right-size profiles -- swap a 7g replica left over from a burst for a 2g
-    once demand has stayed low for the window; the planner only does so when it
-    frees whole slices on an instance that exists now. Measured on the 24 h benchmark (4 seeds): 6% fewer GPU-hours
+    it was blind, or right-sizing is off). Asking the planner for that instead
+    of the running capacity lets it right-size profiles -- swap a 7g replica
+    left over from a burst for a 2g once demand has stayed low for the window;
+    the planner only does so when it frees whole slices on an instance that
+    exists now. Measured on the 24 h benchmark (4 seeds): 6% fewer GPU-hours
     for 0.1 points of SLO attainment; with the 300 s scale-down window instead
     of 30 min it cost 0.5 points (the oversized replica's slack was absorbing
     bursts).
+
+    Blind, or on a partial picture (a live replica without metrics: starting,
+    or its scrape missing), a holding count holds what runs, whole: right-sizing
+    then would remove capacity the policy cannot see yet, as a scale-down would.
     """
     n, cap, per_replica = step.n, step.cap, step.per_replica
     if desired == n and n > 0 and cap > 0:
-        if held_rps is not None and step.required is not None:
+        if held_rps is not None and step.required is not None and not step.partial:
             return min(cap, held_rps)
         return cap  # hold exactly what runs now
     if not per_replica:
@@ -637,11 +641,7 @@ def decide(
         if desired != n:
             moving.add(name)
         counts[name] = desired
-        # On a partial picture (a replica without metrics: starting, or its scrape
-        # missing) a holding count holds what runs whole: right-sizing to the window's
-        # peak would remove capacity the policy cannot see yet, as a scale-down would.
-        held = None if step.partial else _held_rps(peaks.get(name, ()), now_s, config)
-        target_rps[name] = tgt = _target_rps(step, desired, held)
+        target_rps[name] = tgt = _target_rps(step, desired, _held_rps(peaks.get(name, ()), now_s, config))
 
         why = step.why
         for st in step.stages:
