@@ -6,13 +6,14 @@ recording fakes.
 
 Action order (make-before-break), in waves until everything is emitted:
 REPARTITION of GPUs whose removed instances are empty by now -> CREATE ->
-WAIT_READY -> DRAIN + DELETE of replicas whose replacements are ready. A
-serving replica is drained only while its model keeps at least
-min(capacity before, capacity after, target) req/s from ready replicas (a
-replica still STARTING counts after, never before: a drain that waits for it
-is deferred with ``Reason.HOLD_CONVERGING`` until a later tick finds it
-ready); a
-REPARTITION waits for the DELETE of every replica on an instance it
+DRAIN + DELETE of replicas of models with no new replica pending; only when
+nothing else can go, WAIT_READY of the pending new replicas, which lets their
+models' own removals follow (a WAIT_READY holds back the rest of its chain, so
+it comes no earlier than something needs it). A serving replica is drained
+only while its model keeps at least min(capacity before, capacity after,
+target) req/s from ready replicas (a replica still STARTING counts after,
+never before: a drain that waits for it is deferred with
+``Reason.HOLD_CONVERGING`` until a later tick finds it ready); a REPARTITION waits for the DELETE of every replica on an instance it
 destroys; a CREATE on a new or occupied instance waits for its GPU's
 REPARTITION or the DELETE of the replica there. What can never become ready
 (a model's new replica needs the space its own old replica still serves
@@ -487,6 +488,25 @@ def _order(gpus: list[GpuWork], by_id: dict[str, GpuWork], creates: list[_Create
     done_r: set[str] = set()
     actions: list[Action] = []
     cs = {c.order: c for c in creates}
+    # A WAIT_READY holds back everything after it in its chain, and a chain links
+    # every action of a model and of a GPU. So each WAIT_READY is emitted only once
+    # nothing else can go without it: a model's own removals wait for its new
+    # replicas (make-before-break), but another model's scale-down, and a create
+    # on the instance it frees, are not queued behind a start -- or behind a
+    # repartition, when the new replica's GPU is re-cut. Worked case: a model adds
+    # a 3g on a GPU being re-cut (180 s) and a 3g where another model scales down;
+    # the second no longer waits the 180 s, and the model is not held busy (no new
+    # plan for it) all that time.
+    unwaited: list[int] = []
+
+    def wait_ready(orders: list[int]) -> None:
+        for o in orders:
+            c = cs[o]
+            actions.append(Action(ActionKind.WAIT_READY, c.reason, gpu=c.gpu, model=c.model, profile=c.profile,
+                                  start=c.start, replica=str(o)))
+            if c.profile != WHOLE:
+                serving[c.model] = serving.get(c.model, 0.0) + rps(c.model, c.profile)
+
     while True:
         progress = False
         for gid in sorted(repart):
@@ -500,19 +520,17 @@ def _order(gpus: list[GpuWork], by_id: dict[str, GpuWork], creates: list[_Create
             c = cs[o]
             actions.append(Action(ActionKind.CREATE, c.reason, gpu=c.gpu, model=c.model, profile=c.profile,
                                   start=c.start, replica=str(o)))
-        for o in wave:
-            c = cs[o]
-            actions.append(Action(ActionKind.WAIT_READY, c.reason, gpu=c.gpu, model=c.model, profile=c.profile,
-                                  start=c.start, replica=str(o)))
             done_c.add(o)
-            if c.profile != WHOLE:
-                serving[c.model] = serving.get(c.model, 0.0) + rps(c.model, c.profile)
-            progress = progress or True
+            unwaited.append(o)
+            progress = True
         dw = []
+        starting_models = {cs[o].model for o in unwaited}
         for rid in sorted(d_deps):
             if rid in done_d:
                 continue
             r = replicas[rid]
+            if r.model in starting_models:
+                continue  # make-before-break: a model's own removals wait for its new replicas
             c = rps(r.model, r.profile) if r.state is ReplicaState.READY and r.profile != WHOLE else 0.0
             if c and serving.get(r.model, 0.0) - c < floor.get(r.model, 0.0) - 1e-9:
                 continue
@@ -530,7 +548,11 @@ def _order(gpus: list[GpuWork], by_id: dict[str, GpuWork], creates: list[_Create
             done_d.add(rid)
             progress = True
         if len(done_c) == len(c_deps) and len(done_d) == len(d_deps) and len(done_r) == len(repart):
+            wait_ready(unwaited)
             return actions, None
+        if not progress and unwaited:
+            wait_ready(unwaited)  # what is left needs the new replicas serving
+            unwaited, progress = [], True
         if not progress:
             stuck_c = [cs[o] for o in c_deps if o not in done_c]
             stuck_d = [rid for rid in d_deps if rid not in done_d]

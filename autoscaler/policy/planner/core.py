@@ -311,8 +311,9 @@ def _attempt(cluster: ClusterState, rows: list[tuple], models: Sequence[ModelSpe
         place_all(work, gpus, placed_tier2, reuse=reuse, plain=plain, reuse_probe=reuse_probe)
     moved = fix_high_availability(work, gpus, removed)
     evacuated: set[str] = set()
+    starting = frozenset(r.id for r in cluster.replicas if r.state is ReplicaState.STARTING)
     for _ in range(CONSOLIDATE_ROUNDS):
-        moved |= consolidate(work, gpus, removed, evacuated, recut=recut)
+        moved |= consolidate(work, gpus, removed, evacuated, recut=recut, starting=starting)
         if not (total_new and unmet(work, gpus)):
             break
         # The HA repair or consolidation may have opened space while demand

@@ -444,16 +444,23 @@ def _hosts(g: GpuWork, model: str) -> bool:
 
 
 def consolidate(work: dict[str, ModelWork], gpus: list[GpuWork], removed: dict[str, Reason],
-                evacuated: set[str] | None = None, *, recut: bool = True) -> set[tuple[str, int]]:
+                evacuated: set[str] | None = None, *, recut: bool = True,
+                starting: frozenset[str] = frozenset()) -> set[tuple[str, int]]:
     """Empty lightly used GPUs whose replicas all fit in free space elsewhere.
 
     ``recut`` False: only into empty instances as cut now. Where a repartition drains the
     whole node (``RepartitionScope.NODE``), a move that needs one evicts every pod of the
-    destination's node to save part of a GPU: a saving not worth that disruption."""
+    destination's node to save part of a GPU: a saving not worth that disruption.
+
+    ``starting``: ids of replicas not ready yet. A GPU hosting one is not emptied: the
+    move would throw away a start already paid for (the model's capacity arrives one
+    start later, while the demand that created it is usually still there). Once it is
+    ready, the GPU is a candidate like any other."""
     moved: set[tuple[str, int]] = set()
     # A GPU that took a fast-path replica this tick is not emptied: moving that
     # replica would mostly mean a repartition, which is what the fast path avoids.
-    used = [g for g in gpus if g.hard and g.whole is None and not g.frozen and not g.keep_cut]
+    used = [g for g in gpus if g.hard and g.whole is None and not g.frozen and not g.keep_cut
+            and not any(v[2] in starting for v in g.hard.values())]
     if len(used) < 2:
         return moved
     index = Index(gpus)
