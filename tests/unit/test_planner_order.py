@@ -9,15 +9,8 @@ from __future__ import annotations
 
 from autoscaler.mig import Placement
 from autoscaler.policy.planner import apply_plan_to_cluster, plan
-from autoscaler.policy.types import (
-    ActionKind,
-    ClusterState,
-    GpuState,
-    ModelSpec,
-    Reason,
-    Replica,
-    ReplicaState,
-)
+from autoscaler.policy.types import ActionKind, ClusterState, GpuState, ModelSpec, Reason, Replica
+from autoscaler.policy.types import ReplicaState as State
 from autoscaler.protocols import action_groups
 
 A100 = "A100-SXM4-80GB"
@@ -41,8 +34,8 @@ def test_a_scale_down_is_not_queued_behind_another_models_start():
     cl = ClusterState(
         gpus=(GpuState("node/0", "node", A100, SEVEN_1G),),
         replicas=(
-            Replica("a-0", "a", "1g.10gb", "node/0", 0, ReplicaState.READY),
-            Replica("a-1", "a", "1g.10gb", "node/0", 1, ReplicaState.READY),
+            Replica("a-0", "a", "1g.10gb", "node/0", 0, State.READY),
+            Replica("a-1", "a", "1g.10gb", "node/0", 1, State.READY),
         ),
     )
     p = plan([spec("a"), spec("b")], {"a": 100.0, "b": 100.0}, cl)
@@ -62,8 +55,8 @@ def test_a_replacement_still_waits_for_its_copy():
     cl = ClusterState(
         gpus=tuple(GpuState(f"node/{i}", "node", A100, lay) for i in range(2)),
         replicas=(
-            Replica("a-0", "a", "1g.10gb", "node/0", 0, ReplicaState.READY),
-            Replica("a-1", "a", "1g.10gb", "node/1", 0, ReplicaState.READY),
+            Replica("a-0", "a", "1g.10gb", "node/0", 0, State.READY),
+            Replica("a-1", "a", "1g.10gb", "node/1", 0, State.READY),
         ),
     )
     p = plan([spec("a")], {"a": 200.0}, cl)
@@ -75,19 +68,19 @@ def test_a_replacement_still_waits_for_its_copy():
 def test_consolidation_leaves_a_gpu_whose_replica_is_still_starting():
     lay = (Placement(0, "1g.10gb"), Placement(1, "1g.10gb"))
 
-    def cluster(state: ReplicaState) -> ClusterState:
+    def cluster(state: State) -> ClusterState:
         return ClusterState(
             gpus=tuple(GpuState(f"node/{i}", "node", A100, lay) for i in range(2)),
             replicas=(
-                Replica("a-0", "a", "1g.10gb", "node/0", 0, ReplicaState.READY),
+                Replica("a-0", "a", "1g.10gb", "node/0", 0, State.READY),
                 Replica("a-1", "a", "1g.10gb", "node/1", 0, state),
             ),
         )
 
-    starting = plan([spec("a")], {"a": 200.0}, cluster(ReplicaState.STARTING))
+    starting = plan([spec("a")], {"a": 200.0}, cluster(State.STARTING))
     assert starting.actions == () and starting.cost.gpus_used == 2
     assert Reason.CONSOLIDATE not in starting.reasons.get("a", ())
     # once it serves, its GPU is a candidate like any other
-    ready = plan([spec("a")], {"a": 200.0}, cluster(ReplicaState.READY))
+    ready = plan([spec("a")], {"a": 200.0}, cluster(State.READY))
     assert Reason.CONSOLIDATE in ready.reasons["a"] and ready.cost.gpus_used == 1
-    assert {r.gpu for r in apply_plan_to_cluster(cluster(ReplicaState.READY), ready).replicas} == {"node/0"}
+    assert {r.gpu for r in apply_plan_to_cluster(cluster(State.READY), ready).replicas} == {"node/0"}
