@@ -13,12 +13,13 @@ it comes no earlier than something needs it). A serving replica is drained
 only while its model keeps at least min(capacity before, capacity after,
 target) req/s from ready replicas (a replica still STARTING counts after,
 never before: a drain that waits for it is deferred with
-``Reason.HOLD_CONVERGING`` until a later tick finds it ready); a REPARTITION waits for the DELETE of every replica on an instance it
-destroys; a CREATE on a new or occupied instance waits for its GPU's
-REPARTITION or the DELETE of the replica there. What can never become ready
-(a model's new replica needs the space its own old replica still serves
-from, and dropping that one first would break the floor) is deferred with
-``Reason.CHURN_BUDGET`` rather than dropping capacity.
+``Reason.HOLD_CONVERGING`` until a later tick finds it ready); a REPARTITION
+waits for the DELETE of every replica on an instance it destroys; a CREATE
+on a new or occupied instance waits for its GPU's REPARTITION or the DELETE
+of the replica there. What can never become ready (a model's new replica
+needs the space its own old replica still serves from, and dropping that one
+first would break the floor) is deferred with ``Reason.CHURN_BUDGET`` rather
+than dropping capacity.
 
 Churn budget: CREATE + DELETE actions per call that stop or move something
 that runs. A scale-up CREATE that needs no DELETE to make room is not churn
