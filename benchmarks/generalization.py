@@ -89,9 +89,13 @@ def _world(family: str, seed: int, hours: float):
 
 
 def run_one(job: tuple) -> dict[str, Any]:
-    """One (family, seed, hours, policy, knob[, max_spares]) simulation; a compact, JSON-ready record."""
+    """One (family, seed, hours, policy, knob[, max_spares[, shed]]) simulation; a compact, JSON-ready record.
+
+    ``shed``: every replica sheds what waited past its model's SLO (``SimConfig.shed_at_slo``,
+    docs/shedding.md), for every policy alike -- a serving team's setting, not a policy's."""
     family, seed, hours, policy, knob = job[:5]
     max_spares = job[5] if len(job) > 5 else None
+    shed = bool(job[6]) if len(job) > 6 else False
     from autoscaler.sim.cluster import SimConfig
     from autoscaler.sim.run import simulate
 
@@ -106,8 +110,9 @@ def run_one(job: tuple) -> dict[str, Any]:
     elif policy in ("hpa-util", "hpa-queue") and knob is not None:
         kw["baseline_target"] = knob
     t0, c0 = time.perf_counter(), time.process_time()
-    r = simulate(models, cluster, trace, policy, STEP_S, sim=SimConfig(step_s=STEP_S), **kw)
+    r = simulate(models, cluster, trace, policy, STEP_S, sim=SimConfig(step_s=STEP_S, shed_at_slo=shed), **kw)
     out = {"family": family, "seed": seed, "hours": hours, "policy": policy, "knob": knob, "max_spares": max_spares,
+           "shed": shed,
            "attainment": r.slo_attainment, "gpu_hours": r.gpu_hours, "slice_hours": r.slice_hours,
            "per_model": r.per_model, "errors": len(r.errors), "wall_s": round(time.perf_counter() - t0, 2),
            # CPU seconds of this process: the speed figure on a machine shared by others
@@ -304,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     world_args(ap, seeds="1-10", hours=24.0)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--no-frontier", action="store_true", help="each policy at its default knob only")
+    ap.add_argument("--shed", action="store_true",
+                    help="every replica, under every policy, sheds what waited past its model's SLO")
     ap.add_argument("--chosen-from", default=None,
                     help="the development run's JSON: its defaults and frontier are copied into this output")
     ap.add_argument("--migscale-knob", type=float, default=None,
@@ -323,18 +330,18 @@ def main(argv: list[str] | None = None) -> int:
     pols = [p for p in args.policies.split(",") if p]
     finger = code_fingerprint()
 
-    jobs: list[tuple[str, int, float, str, float | None]] = []
+    jobs: list[tuple] = []  # (family, seed, hours, policy, knob, max_spares, shed)
     for fam in families:
         for seed in seeds:
-            jobs.append((fam, seed, args.hours, "oracle", None))
+            jobs.append((fam, seed, args.hours, "oracle", None, None, args.shed))
             for pol in pols:
                 if pol in KNOBS:
                     _, values, default = KNOBS[pol]
                     for v in ((default,) if args.no_frontier else values):
                         jobs.append((fam, seed, args.hours, pol, v,
-                                     args.max_spares if pol == "migscale" else None))
+                                     args.max_spares if pol == "migscale" else None, args.shed))
                 else:
-                    jobs.append((fam, seed, args.hours, pol, None))
+                    jobs.append((fam, seed, args.hours, pol, None, None, args.shed))
     cache: dict[str, dict[str, Any]] = {}
     cpath = Path(args.cache) if args.cache else None
     if cpath and cpath.exists():
@@ -397,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
         "setup": {"families": families, "seeds": list(seeds), "dev_seeds": list(dev), "heldout_seeds": list(held),
                   "hours": args.hours, "models": 12, "gpus": 16, "product": "A100-SXM4-80GB", "step_s": STEP_S,
                   "reactive_bound": {"lag_s": BOUND_LAG_S, "window_s": BOUND_WINDOW_S},
-                  "code": finger, "workers": args.workers, "max_spares": args.max_spares},
+                  "code": finger, "workers": args.workers, "max_spares": args.max_spares,
+                  "shed_at_slo": args.shed},
         "defaults": defaults,
         "development_run": _dev_summary(args.chosen_from),
         "heldout": summarise(runs, held, families, pick) if held else {},
