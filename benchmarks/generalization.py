@@ -89,13 +89,11 @@ def _world(family: str, seed: int, hours: float):
 
 
 def run_one(job: tuple) -> dict[str, Any]:
-    """One (family, seed, hours, policy, knob[, max_spares[, shed]]) simulation; a compact, JSON-ready record.
+    """One (family, seed, hours, policy, knob, max_spares, shed) simulation; a compact, JSON-ready record.
 
     ``shed``: every replica sheds what waited past its model's SLO (``SimConfig.shed_at_slo``,
     docs/shedding.md), for every policy alike -- a serving team's setting, not a policy's."""
-    family, seed, hours, policy, knob = job[:5]
-    max_spares = job[5] if len(job) > 5 else None
-    shed = bool(job[6]) if len(job) > 6 else False
+    family, seed, hours, policy, knob, max_spares, shed = job
     from autoscaler.sim.cluster import SimConfig
     from autoscaler.sim.run import simulate
 
