@@ -17,7 +17,13 @@ Frontier: each policy also runs at 3-5 settings of its main knob (migscale:
 the learned headroom's quantile; the HPA baselines: their target value), so
 "better" can be judged at equal attainment. ``benchmarks/results/
 generalization.png`` plots held-out attainment against GPU-hours, with the
-oracle and the reactive bound's curve; the points are in the JSON.
+oracle and the reactive bound's curve; the points are in the JSON. Per family
+too (``frontier_by_family``, ``generalization-families.png``), and
+``equal_attainment`` prices migscale's default point on each baseline's own
+frontier: what the baseline's settings pay to reach the same attainment
+(two settings that bracket it mixed in proportion; none past the frontier),
+and which settings migscale beats on both axes. Reporting only: the held-out
+frontier runs every knob, and no choice reads it.
 
 Defaults: ``defaults`` records, per knob, the value the code ships, the value
 the development seeds choose by the stated rule, and the seeds that chose it.
@@ -211,18 +217,65 @@ def summarise(runs: list[dict[str, Any]], seeds: tuple[int, ...], families: list
     return out
 
 
-def frontier(runs: list[dict[str, Any]], seeds: tuple[int, ...]) -> dict[str, list[dict[str, Any]]]:
+def frontier(runs: list[dict[str, Any]], seeds: tuple[int, ...],
+             family: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Each policy's points, one per knob setting, over ``seeds`` (and one ``family``, else all)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for pol, (name, values, _) in KNOBS.items():
         pts = []
         for v in values:
-            rs = [r for r in runs if r["policy"] == pol and r["knob"] == v and r["seed"] in seeds]
+            rs = [r for r in runs if r["policy"] == pol and r["knob"] == v and r["seed"] in seeds
+                  and (family is None or r["family"] == family)]
             if rs:
                 pts.append({name: v, "attainment": _r(_mean(r["attainment"] for r in rs)),
                             "gpu_hours": _r(_mean(r["gpu_hours"] for r in rs), 2),
                             "vs_reactive_bound": _r(_mean(r.get("vs_bound") for r in rs), 3), "runs": len(rs)})
         if pts:
             out[pol] = pts
+    return out
+
+
+def equal_attainment(point: dict[str, Any], points: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """One baseline's frontier against one migscale point, at equal attainment.
+
+    ``gpu_hours_to_reach``: the cheapest way the baseline's settings reach the point's
+    attainment -- one setting that reaches it, or two that bracket it, mixed in proportion
+    (a fleet can run one setting part of the time, so the straight line between two points
+    is reachable). None when no setting reaches it; no point past the frontier is guessed.
+    ``dominated``: the settings with no more attainment and no fewer GPU-hours than the point.
+    """
+    a, h = point["attainment"], point["gpu_hours"]
+    pts = [p for p in points if p.get("attainment") is not None and p.get("gpu_hours") is not None]
+    costs = [p["gpu_hours"] for p in pts if p["attainment"] >= a]
+    for lo in pts:
+        for hi in pts:
+            if lo["attainment"] < a < hi["attainment"]:
+                w = (a - lo["attainment"]) / (hi["attainment"] - lo["attainment"])
+                costs.append(lo["gpu_hours"] + w * (hi["gpu_hours"] - lo["gpu_hours"]))
+    reach = min(costs) if costs else None
+    best = max(pts, key=lambda p: p["attainment"]) if pts else None
+    return {
+        "migscale": {"attainment": a, "gpu_hours": h},
+        "gpu_hours_to_reach": _r(reach, 2),
+        "migscale_vs_that": _r(h / reach, 3) if reach else None,
+        "dominated": [p[name] for p in pts if p["attainment"] <= a and p["gpu_hours"] >= h],
+        "best": None if best is None else {name: best[name], "attainment": best["attainment"],
+                                           "gpu_hours": best["gpu_hours"]},
+    }
+
+
+def compare_by_family(summ: dict[str, Any], by_family: dict[str, dict[str, list[dict[str, Any]]]]
+                      ) -> dict[str, Any]:
+    """Per family, migscale at its default against each baseline's whole frontier
+    (``equal_attainment``): "better" judged at equal attainment, not only at one default each."""
+    out: dict[str, Any] = {}
+    for fam, front in by_family.items():
+        m = summ.get(fam, {}).get("migscale")
+        if not m:
+            continue
+        row = {pol: equal_attainment(m, pts, KNOBS[pol][0]) for pol, pts in front.items() if pol != "migscale"}
+        if row:
+            out[fam] = row
     return out
 
 
@@ -271,6 +324,44 @@ def plot(front: dict[str, list[dict[str, Any]]], oracle: dict[str, Any], curve: 
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_families(by_family: dict[str, dict[str, list[dict[str, Any]]]], summ: dict[str, Any], path: Path,
+                  title: str, seeds_label: str) -> None:
+    """One panel per family: each policy's frontier and the capped oracle."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"migscale": "tab:green", "hpa-queue": "tab:orange", "hpa-util": "tab:red"}
+    fams = list(by_family)
+    cols = 3
+    rows = max(1, math.ceil(len(fams) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(13, 4 * rows), squeeze=False)
+    for ax, fam in zip(axes.flat, fams):
+        for pol, pts in by_family[fam].items():
+            name = KNOBS[pol][0]
+            xs = [p["gpu_hours"] for p in pts]
+            ys = [100 * p["attainment"] for p in pts]
+            ax.plot(xs, ys, "o-", color=colors.get(pol), label=f"{pol} ({name})")
+            for p, x, y in zip(pts, xs, ys):
+                ax.annotate(f"{p[name]:g}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
+        orc = summ.get(fam, {}).get("oracle", {})
+        if orc.get("gpu_hours"):
+            ax.plot([orc["gpu_hours"]], [100 * orc["attainment"]], "b*", ms=10, label="oracle (16 GPUs)")
+        ax.set_title(fam, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.set_xlabel(f"GPU-hours per trace (mean over {seeds_label})", fontsize=8)
+        ax.set_ylabel("SLO attainment, %", fontsize=8)
+    for ax in list(axes.flat)[len(fams):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7, loc="lower right")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
 
 
@@ -410,6 +501,10 @@ def main(argv: list[str] | None = None) -> int:
         "dev": summarise(runs, dev, families, pick) if dev else {},
         "frontier": {"heldout": front_held, "dev": front_dev},
     }
+    fam_front = {label: {f: frontier(runs, ss, f) for f in families}
+                 for label, ss in (("heldout", held), ("dev", dev)) if ss}
+    out["frontier_by_family"] = fam_front
+    out["equal_attainment"] = {label: compare_by_family(out[label], fam_front[label]) for label in fam_front}
     half = held or dev
     curve = []
     for t in BOUND_CURVE:
@@ -427,8 +522,18 @@ def main(argv: list[str] | None = None) -> int:
         plot(front_held if held else front_dev, summ.get("overall", {}).get("oracle", {}), curve, Path(args.plot),
              f"{len(families)} families x seeds {list(half)}, 12 models, 16 x A100-80GB, {args.hours:g} h",
              "held-out seeds" if held else "development seeds")
+        label = "heldout" if held else "dev"
+        if not args.no_frontier:
+            plot_families(fam_front[label], out[label], _families_png(Path(args.plot)),
+                          f"per family, seeds {list(half)}, {args.hours:g} h",
+                          "held-out seeds" if held else "development seeds")
     emit(out, args.out)
     return 0
+
+
+def _families_png(path: Path) -> Path:
+    """The per-family plot beside the overall one: ``x.png`` -> ``x-families.png``."""
+    return path.with_name(f"{path.stem}-families{path.suffix}")
 
 
 def emit(out: dict[str, Any], path: str | None) -> None:
