@@ -15,7 +15,9 @@ with a different mix of profiles.
 
 Missing data: a model without a request rate holds its current capacity
 (never scales down on a partial picture) but may still grow toward its last
-known recommendation, within the behavior limits.
+known recommendation, within the behavior limits. So does a model with a live
+replica that reports nothing yet; the count HPA's missing-pod rule holds for it
+is not kept as a recommendation (``_Step.recorded``).
 
 Size: ~700 lines, over the house limit of ~450, because the per-model step
 (windows, floor and burst, HPA stages, diagnostics) and the planner memo share
@@ -399,6 +401,9 @@ class _Step:
     why: list[Reason] = field(default_factory=list)
     demand_driven: bool = True  # the demand metric (not queue:compute) set the proposal
     partial: bool = False  # some live replica reports no metrics (starting, or its scrape missing)
+    # On a partial picture: the proposal had every live replica reported its share
+    # (``_propose``); what the stabilization window keeps instead of the held count.
+    recorded: int | None = None
 
 
 def _propose(
@@ -451,6 +456,13 @@ def _propose(
     if panic.panicking and desired < n:
         desired = n  # Knative: never scale down while panicking
         step.stages.append(Stage("panic", desired, Reason.HOLD_PANIC))
+    if step.partial:
+        # The missing-pod rule holds this tick's count while replicas start, but the
+        # held count is no recommendation: a make-before-break move's copies would
+        # otherwise sit in the scale-down window as demand for its whole 300 s.
+        full = hpa.combine_metrics(n, [hpa.pods_metric_replicas(n, [required / n] * n, per_replica, tol)]
+                                   + proposals[1:])[0]
+        step.recorded = max(full, n) if panic.panicking else full
     return desired, desired
 
 
@@ -603,8 +615,9 @@ def decide(
 
         # ---- stages 3+4: stabilization, then behavior and min/max (HPA order)
         if proposal is not None:
+            recorded = step.recorded if step.recorded is not None else proposal
             if step.required is not None:
-                last_rec[name] = proposal
+                last_rec[name] = recorded
             if name not in recs:
                 # HPA seeds the history with the current count when it first sees a
                 # target, so a restarted controller does not scale down at once.
@@ -621,7 +634,7 @@ def decide(
             step.stages.append(Stage("stabilize", stab, r))
             if step.required is not None:  # a blind guess is not a recommendation
                 recs[name] = hpa.record_recommendation(
-                    recs[name], hpa.Recommendation(now_s, proposal, step.required), keep_recs
+                    recs[name], hpa.Recommendation(now_s, recorded, step.required), keep_recs
                 )
                 peaks[name] = _record_peak(peaks.get(name, ()), now_s, step.required, keep_peaks)
             desired, r = hpa.apply_behavior(
@@ -635,8 +648,8 @@ def decide(
                 now_s,
             )
             step.stages.append(Stage("behavior", desired, r))
-        if step.required is None and desired < n:
-            desired = n  # belt and braces: never below current while blind
+        if (step.required is None or step.partial) and desired < n:
+            desired = n  # never below current while blind, or on a partial picture
         events[name] = hpa.record_scale_event(events.get(name, ()), now_s, n, desired, keep_events)
         if desired != n:
             moving.add(name)

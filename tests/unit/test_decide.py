@@ -493,3 +493,35 @@ def test_a_replica_that_failed_since_the_last_call_is_urgent_one_it_saw_failed_i
     # another one fails: at once
     assert _replan(seen, key(ClusterState(gpus=(gpu,), replicas=(ok, bad, worse))), targets, caps, {}, 110.0,
                    60.0) is Replan.FAILED
+
+
+def test_a_partial_picture_never_scales_down_even_where_the_missing_pod_rule_would():
+    cfg = config(scale_down=ScalingRules(0, SelectPolicy.MAX, DEFAULT_SCALE_UP.policies[:1]))
+    h = Harness(cfg, cluster(a=4))
+    # 2 of 4 replicas report 5 req/s in total: HPA counts the missing two at 100%,
+    # (6 + 100) / 200 = 0.53 -> ceil(2.12) = 3, a scale-down on metrics the policy lacks
+    h.step(0, {"a": sig("a", 5, 0, ready_replicas=2), "b": sig("b", 100 / 1.2, 0)})
+    assert h.count("a") == 4
+    # once every replica reports, the same demand scales down
+    h.step(5, {"a": sig("a", 5, 5, ready_replicas=4), "b": sig("b", 100 / 1.2, 5)})
+    assert h.count("a") < 4
+
+
+def test_a_count_held_while_replicas_start_is_not_kept_as_a_recommendation():
+    # default scale-down window: 300 s of the highest recommendation
+    h = Harness(config(), cluster(a=2))
+    b = {"b": sig("b", 100 / 1.2, 0)}
+    for t in (0, 5, 10):
+        h.step(t, {"a": sig("a", 80, t), **b})  # 96 req/s required: 2 x 50 holds
+    assert h.count("a") == 2
+    # two more replicas appear, still starting (a move's copies, or a profile mix the
+    # planner chose): the missing-pod rule holds all four while they start...
+    extra = [Replica(f"a-{i}", "a", PROFILE, "node-a/0", i, ReplicaState.STARTING) for i in (2, 3)]
+    h.cluster = dataclasses.replace(h.cluster, replicas=h.cluster.replicas + tuple(extra))
+    h.step(15, {"a": sig("a", 80, 15, ready_replicas=2), **b})
+    assert h.count("a") == 4
+    # ...but the held four are no demand: once all report, the window holds what was asked (2)
+    ready = tuple(dataclasses.replace(r, state=ReplicaState.READY) for r in h.cluster.replicas)
+    h.cluster = dataclasses.replace(h.cluster, replicas=ready)
+    h.step(20, {"a": sig("a", 80, 20, ready_replicas=4), **b})
+    assert h.count("a") == 2
