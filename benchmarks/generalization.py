@@ -16,9 +16,9 @@ fractional packing, no queueing), and the worst model.
 Frontier: each policy also runs at 3-5 settings of its main knob (migscale:
 the learned headroom's quantile; the HPA baselines: their target value), so
 "better" can be judged at equal attainment. ``benchmarks/results/
-generalization.png`` plots held-out attainment against GPU-hours, with the
-oracle and the reactive bound's curve; the points are in the JSON. Per family
-too (``frontier_by_family``, ``generalization-families.png``), and
+generalization-heldout.png`` plots held-out attainment against GPU-hours, with
+the oracle and the reactive bound's curve; the points are in the JSON. Per
+family too (``frontier_by_family``, ``generalization-heldout-families.png``), and
 ``equal_attainment`` prices migscale's default point on each baseline's own
 frontier: what the baseline's settings pay to reach the same attainment
 (two settings that bracket it mixed in proportion; none past the frontier),
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="migscale's bound on warm spare slices (default: the policy's own)")
     ap.add_argument("--cache", default=None, help="JSONL of finished runs, reused when the code is the same")
     ap.add_argument("--out", default=str(RESULTS / "generalization.json"))
-    ap.add_argument("--plot", default=str(RESULTS / "generalization.png"))
+    ap.add_argument("--plot", default=str(RESULTS / "generalization-heldout.png"))
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     if args.migscale_knob is not None:
