@@ -295,15 +295,9 @@ def _r(x: float | None, nd: int = 6) -> float | None:
 # ------------------------------------------------------------------ plot
 
 
-def plot(front: dict[str, list[dict[str, Any]]], oracle: dict[str, Any], curve: list[tuple[float, float]],
-         path: Path, title: str, seeds_label: str = "held-out seeds") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _draw_frontier(ax, front: dict[str, list[dict[str, Any]]]) -> None:
+    """Each policy's points, joined in knob order and labelled with the knob's value."""
     colors = {"migscale": "tab:green", "hpa-queue": "tab:orange", "hpa-util": "tab:red"}
-    fig, ax = plt.subplots(figsize=(8, 5.5))
     for pol, pts in front.items():
         name = KNOBS[pol][0]
         xs = [p["gpu_hours"] for p in pts]
@@ -311,6 +305,17 @@ def plot(front: dict[str, list[dict[str, Any]]], oracle: dict[str, Any], curve: 
         ax.plot(xs, ys, "o-", color=colors.get(pol), label=f"{pol} ({name})")
         for p, x, y in zip(pts, xs, ys):
             ax.annotate(f"{p[name]:g}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
+
+
+def plot(front: dict[str, list[dict[str, Any]]], oracle: dict[str, Any], curve: list[tuple[float, float]],
+         path: Path, title: str, seeds_label: str = "held-out seeds") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    _draw_frontier(ax, front)
     if curve:
         ax.plot([c[1] for c in curve], [100 * c[0] for c in curve], "k--", lw=1,
                 label="reactive bound, 45 s lag (hindsight headroom)")
@@ -335,19 +340,12 @@ def plot_families(by_family: dict[str, dict[str, list[dict[str, Any]]]], summ: d
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"migscale": "tab:green", "hpa-queue": "tab:orange", "hpa-util": "tab:red"}
     fams = list(by_family)
     cols = 3
     rows = max(1, math.ceil(len(fams) / cols))
     fig, axes = plt.subplots(rows, cols, figsize=(13, 4 * rows), squeeze=False)
     for ax, fam in zip(axes.flat, fams):
-        for pol, pts in by_family[fam].items():
-            name = KNOBS[pol][0]
-            xs = [p["gpu_hours"] for p in pts]
-            ys = [100 * p["attainment"] for p in pts]
-            ax.plot(xs, ys, "o-", color=colors.get(pol), label=f"{pol} ({name})")
-            for p, x, y in zip(pts, xs, ys):
-                ax.annotate(f"{p[name]:g}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
+        _draw_frontier(ax, by_family[fam])
         orc = summ.get(fam, {}).get("oracle", {})
         if orc.get("gpu_hours"):
             ax.plot([orc["gpu_hours"]], [100 * orc["attainment"]], "b*", ms=10, label="oracle (16 GPUs)")
