@@ -504,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
     out["frontier_by_family"] = fam_front
     out["equal_attainment"] = {label: compare_by_family(out[label], fam_front[label]) for label in fam_front}
     half = held or dev
+    label = "heldout" if held else "dev"  # the half reported: held-out when the run has it
+    seeds_label = "held-out seeds" if held else "development seeds"
     curve = []
     for t in BOUND_CURVE:
         hs = [bounds.get((f, s), {}).get(t) for f in families for s in half]
@@ -511,20 +513,17 @@ def main(argv: list[str] | None = None) -> int:
             curve.append((t, sum(hs) / len(hs)))
     out["reactive_bound_curve"] = {"seeds": list(half), "points": [{"attainment": t, "gpu_hours": round(h, 2)}
                                                                     for t, h in curve]}
-    out["targets"] = targets(out["heldout"] if held else out["dev"], families, runs, half)
+    out["targets"] = targets(out[label], families, runs, half)
     out["runs"] = sorted(({k: v for k, v in r.items() if k != "per_model"} for r in runs),
                          key=lambda r: (r["family"], r["seed"], r["policy"], r["knob"] or 0))
     out["wall_s"] = round(time.perf_counter() - t_start, 1)
     if args.plot:
-        summ = out["heldout"] if held else out["dev"]
-        plot(front_held if held else front_dev, summ.get("overall", {}).get("oracle", {}), curve, Path(args.plot),
+        plot(out["frontier"][label], out[label].get("overall", {}).get("oracle", {}), curve, Path(args.plot),
              f"{len(families)} families x seeds {list(half)}, 12 models, 16 x A100-80GB, {args.hours:g} h",
-             "held-out seeds" if held else "development seeds")
-        label = "heldout" if held else "dev"
+             seeds_label)
         if not args.no_frontier:
             plot_families(fam_front[label], out[label], _families_png(Path(args.plot)),
-                          f"per family, seeds {list(half)}, {args.hours:g} h",
-                          "held-out seeds" if held else "development seeds")
+                          f"per family, seeds {list(half)}, {args.hours:g} h", seeds_label)
     emit(out, args.out)
     return 0
 
