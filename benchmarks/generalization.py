@@ -25,6 +25,13 @@ frontier: what the baseline's settings pay to reach the same attainment
 and which settings migscale beats on both axes. Reporting only: the held-out
 frontier runs every knob, and no choice reads it.
 
+Extra shapes: ``--extra`` runs three more families (``traces.EXTRA_FAMILIES``:
+cron, ramp, failover) on the held-out seeds (``generalization-extra.json``): a
+check on traffic shapes the policy was not built on, not only seeds. Two of
+them (``traces.UNSEEN_FAMILIES``: ramp, failover) are refused on development
+seeds, so nothing can be chosen on them by accident; cron's development seeds
+are where the forecaster's recurring rises were built.
+
 Defaults: ``defaults`` records, per knob, the value the code ships, the value
 the development seeds choose by the stated rule, and the seeds that chose it.
 No held-out result feeds any choice.
@@ -55,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from autoscaler.policy.forecast import HeadroomConfig  # importable once ROOT is on the path
+from autoscaler.sim.traces import EXTRA_FAMILIES, UNSEEN_FAMILIES
 
 RESULTS = ROOT / "benchmarks" / "results"
 DEV_SEEDS = (1, 2, 3, 4, 5)
@@ -396,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     world_args(ap, seeds="1-10", hours=24.0)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--no-frontier", action="store_true", help="each policy at its default knob only")
+    ap.add_argument("--extra", action="store_true",
+                    help="the three families beyond the headline six (cron, ramp, failover), on held-out seeds")
     ap.add_argument("--shed", action="store_true",
                     help="every replica, under every policy, sheds what waited past its model's SLO")
     ap.add_argument("--chosen-from", default=None,
@@ -414,6 +424,16 @@ def main(argv: list[str] | None = None) -> int:
         KNOBS["migscale"] = (name, tuple(sorted({*values, args.migscale_knob})), args.migscale_knob)
     families = [f for f in args.families.split(",") if f]
     seeds = _seeds(args.seeds)
+    if args.extra:
+        families = list(EXTRA_FAMILIES)
+        if args.seeds == ap.get_default("seeds"):
+            seeds = HELDOUT_SEEDS
+    early = sorted(set(families) & set(UNSEEN_FAMILIES))
+    if early and set(seeds) & set(DEV_SEEDS):
+        print(f"generalization: --seeds {args.seeds!r}: the unseen families {early} run on held-out seeds "
+              f"only ({HELDOUT_SEEDS[0]}-{HELDOUT_SEEDS[-1]}): nothing may be chosen on them",
+              file=sys.stderr)
+        return 2
     pols = [p for p in args.policies.split(",") if p]
     finger = code_fingerprint()
 

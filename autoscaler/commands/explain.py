@@ -69,6 +69,18 @@ def headroom_sentence(name: str, d: dict[str, Any]) -> str:
             f"demand rose above the forecast within one reaction horizon ({horizon} s), bounded to 0-150%")
 
 
+def cycle_sentence(name: str, d: dict[str, Any]) -> str | None:
+    """The recurring rise the floor expects, in one line (None: demand repeats on no period found)."""
+    period = d.get("cycle_s")
+    if period is None:
+        return None
+    head = f"{name}: demand repeats every {period / 60:g} min (autocorrelation of the last 6 h)"
+    rise = d.get("recurring_rps")
+    if rise is None:
+        return head + "; no rise is due within the horizon"
+    return head + f"; the last two cycles both rose here, so the forecast is at least {_num(rise)} req/s"
+
+
 def render(rec: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -126,6 +138,9 @@ def render(rec: dict[str, Any]) -> None:
                       "—" if h is None else f"{100 * h:.0f}%", _num(d.get("floor_rps")), _num(d.get("burst_rps")),
                       _num(d.get("required_rps")))
         why.append(headroom_sentence(name, d))
+        cyc = cycle_sentence(name, d)
+        if cyc:
+            why.append(cyc)
     if floor.row_count:
         console.print(floor)
         for line in why:

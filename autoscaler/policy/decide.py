@@ -181,6 +181,8 @@ class ModelDiagnostics:
     headroom_quantile: float | None = None  # the quantile it is learned at (None: fixed)
     headroom_samples: int = 0
     horizon_s: float | None = None
+    cycle_s: float | None = None  # the period demand repeats on (None: none found)
+    recurring_rps: float | None = None  # the recurring rise expected within the horizon
     p99_ms: float | None = None
     slo_p99_ms: float | None = None
     stages: tuple[Stage, ...] = ()
@@ -683,6 +685,8 @@ def decide(
             headroom_quantile=config.headroom_quantile,
             headroom_samples=len(seen.headroom.ratios),
             horizon_s=seen.horizon_s,
+            cycle_s=fc.cycle(seen.forecast, config.forecasting),
+            recurring_rps=fc.recurring(seen.forecast, seen.horizon_s, config.forecasting),
             p99_ms=sig.p99_ms if sig else None,
             slo_p99_ms=config.slo_p99_ms.get(name),
             stages=tuple(step.stages),

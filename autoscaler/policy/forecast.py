@@ -23,6 +23,18 @@ Forecaster: Holt's linear method on irregular time, fitted online.
   model has no season and the trend alone carries a daily ramp -- over a one
   to four minute horizon a smooth daily cycle moves the rate by well under 1%.
 
+- recurring rises (``cycle_*``): timer-triggered work -- a batch job every 15
+  minutes, a report on the hour -- repeats on a period far shorter than a
+  day. The rate is also kept in 30 s bins over the last 6 h; every 5 minutes
+  the period with the strongest autocorrelation of the bins' changes (5 min to
+  2 h, at least three cycles seen) is found, and kept when that
+  autocorrelation reaches 0.5 (independent noise sits near 0; a job that
+  repeats, near 1). Then the rise seen one and two periods ago over the same
+  horizon -- the highest bin against the minute of bins before it -- is
+  expected again: the forecast is at least the last minute's bins times the
+  smaller of the two rises. Both cycles must show it, so one flash crowd is
+  never forecast to repeat. ``cycle(f)`` is the detected period (for ``explain``).
+
 Learned headroom: every ``sample_s`` (60 s) the floor's forecast for the next
 horizon is set aside; once the horizon has passed, the highest rate measured
 in it divided by that forecast is one sample of "how far demand rose above
@@ -39,6 +51,8 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 DAY_S = 86400.0
 
 
@@ -51,6 +65,16 @@ class ForecastConfig:
     season_bins: int = 288
     season_weight: float = 0.5  # weight of the newest day in a bin's mean
     max_season_ratio: float = 4.0
+    # recurring rises: 30 s bins over 6 h hold three cycles of a 2 h schedule
+    cycle_bin_s: float = 30.0
+    cycle_memory_s: float = 6 * 3600.0
+    cycle_min_s: float = 300.0
+    cycle_max_s: float = 7200.0
+    cycle_min_cycles: int = 3
+    cycle_min_strength: float = 0.5
+    cycle_refresh_s: float = 300.0
+    cycle_before_s: float = 60.0  # the closed bins a rise is measured against, now and then
+    max_cycle_ratio: float = 8.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +90,15 @@ class Forecast:
     bin_index: int | None = None
     bin_sum: float = 0.0
     bin_n: int = 0
+    # recurring rises: closed 30 s bins (oldest first; None: no sample in it), the
+    # bin being filled (its index since t = 0, sum and count), the detected period
+    # in bins (None: none) and when it was last looked for
+    cyc: tuple[float | None, ...] = ()
+    cyc_index: int | None = None
+    cyc_sum: float = 0.0
+    cyc_n: int = 0
+    period_bins: int | None = None
+    cyc_checked_s: float | None = None
 
 
 def update(f: Forecast, t_s: float, rate: float, cfg: ForecastConfig = ForecastConfig()) -> Forecast:
@@ -83,15 +116,115 @@ def update(f: Forecast, t_s: float, rate: float, cfg: ForecastConfig = ForecastC
         season = season[:bin_index] + (new,) + season[bin_index + 1:]
         bin_sum, bin_n = 0.0, 0
     bin_sum, bin_n = bin_sum + rate, bin_n + 1
+    cyc = _cycle_update(f, t_s, rate, cfg)
     if f.t_s is None:
-        return Forecast(float(t_s), rate, 0.0, season, k, bin_sum, bin_n)
+        return Forecast(float(t_s), rate, 0.0, season, k, bin_sum, bin_n, *cyc)
     dt = t_s - f.t_s
     prior = f.level + f.trend * dt
     a = 1.0 - math.exp(-dt / cfg.level_tau_s)
     level = max(0.0, prior + a * (rate - prior))
     b = 1.0 - math.exp(-dt / cfg.trend_tau_s)
     trend = f.trend + b * ((level - f.level) / dt - f.trend)
-    return Forecast(t_s, level, trend, season, k, bin_sum, bin_n)
+    return Forecast(t_s, level, trend, season, k, bin_sum, bin_n, *cyc)
+
+
+def _cycle_update(f: Forecast, t_s: float, rate: float, cfg: ForecastConfig
+                  ) -> tuple[tuple[float | None, ...], int, float, int, int | None, float | None]:
+    """The recurring-rise fields after one sample: close the 30 s bin it leaves, and look
+    for the period again every ``cycle_refresh_s``."""
+    idx = math.floor(t_s / cfg.cycle_bin_s)
+    bins, csum, cn = f.cyc, f.cyc_sum, f.cyc_n
+    if f.cyc_index is not None and idx != f.cyc_index:
+        gap = min(idx - f.cyc_index - 1, int(cfg.cycle_memory_s / cfg.cycle_bin_s))
+        bins = bins + ((csum / cn) if cn else None,) + (None,) * max(0, gap)
+        keep = int(cfg.cycle_memory_s / cfg.cycle_bin_s)
+        if len(bins) > keep:
+            bins = bins[len(bins) - keep:]
+        csum, cn = 0.0, 0
+    csum, cn = csum + rate, cn + 1
+    period, checked = f.period_bins, f.cyc_checked_s
+    if checked is None or t_s - checked >= cfg.cycle_refresh_s:
+        period, checked = detect_period(bins, cfg), t_s
+    return bins, idx, csum, cn, period, checked
+
+
+def detect_period(bins: tuple[float | None, ...], cfg: ForecastConfig = ForecastConfig()) -> int | None:
+    """The period, in bins, on which the bins' changes repeat (None: no strong one).
+
+    The autocorrelation of the two-bin changes (a rise seen one bin early or
+    late still lines up), by FFT, corrected for the overlap each lag has. The
+    strongest lag between ``cycle_min_s`` and ``cycle_max_s`` with at least
+    ``cycle_min_cycles`` cycles in memory must reach ``cycle_min_strength``;
+    then the shortest lag that peaks within 80% of it is the period, since
+    every multiple of a period correlates too.
+    """
+    lo = max(2, math.ceil(cfg.cycle_min_s / cfg.cycle_bin_s))
+    x = np.array([np.nan if b is None else b for b in bins], dtype=float)
+    if len(x) < cfg.cycle_min_cycles * lo + 2:
+        return None
+    d = x[2:] - x[:-2]
+    ok = np.isfinite(d)
+    if ok.sum() < cfg.cycle_min_cycles * lo:
+        return None
+    d = np.where(ok, d - d[ok].mean(), 0.0)
+    n = len(d)
+    hi = min(int(cfg.cycle_max_s / cfg.cycle_bin_s), n // cfg.cycle_min_cycles)
+    if hi < lo:
+        return None
+    size = 1 << (2 * n - 1).bit_length()
+    spec = np.fft.rfft(d, size)
+    acf = np.fft.irfft(spec * np.conj(spec), size)[: hi + 1]
+    pairs = np.fft.irfft(np.abs(np.fft.rfft(ok.astype(float), size)) ** 2, size)[: hi + 1]
+    if acf[0] <= 0:
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(pairs > 0.5, (acf / np.maximum(pairs, 1.0)) / (acf[0] / max(pairs[0], 1.0)), 0.0)
+    best = float(r[lo: hi + 1].max())
+    if best < cfg.cycle_min_strength:
+        return None
+    # every multiple of the period correlates as well: the first peak that comes close wins
+    for lag in range(lo, hi + 1):
+        if r[lag] >= 0.8 * best and r[lag] >= r[lag - 1] and (lag == hi or r[lag] >= r[lag + 1]):
+            return lag
+    return None  # pragma: no cover - the strongest lag is itself such a peak
+
+
+def cycle(f: Forecast, cfg: ForecastConfig = ForecastConfig()) -> float | None:
+    """The detected period in seconds (None: no recurring rise found)."""
+    return f.period_bins * cfg.cycle_bin_s if f.period_bins is not None else None
+
+
+def recurring(f: Forecast, horizon_s: float, cfg: ForecastConfig = ForecastConfig()) -> float | None:
+    """The rate a recurring rise is expected to reach within ``horizon_s`` (None: none expected).
+
+    One and two periods ago, the highest bin over the same stretch of time,
+    against the ``cycle_before_s`` of bins that led up to it; the smaller of
+    the two rises applies to the same stretch of bins now. Both sides are
+    closed bins at the same phase, so a rise already under way is not counted
+    twice. None unless both cycles rose."""
+    if f.period_bins is None or f.t_s is None or f.cyc_index is None or not f.cyc:
+        return None
+    nb = len(f.cyc)
+    first = f.cyc_index - nb  # bin index of f.cyc[0]; the bin being filled is f.cyc_index
+    span = max(0, math.floor((f.t_s + max(0.0, horizon_s)) / cfg.cycle_bin_s) - f.cyc_index)
+    before = max(1, round(cfg.cycle_before_s / cfg.cycle_bin_s))
+    ref_now = [v for v in f.cyc[nb - before:] if v is not None]
+    if len(ref_now) < before:
+        return None
+    rises = []
+    for k in (1, 2):
+        a = f.cyc_index - k * f.period_bins - first  # position of the bin being filled, k periods ago
+        if a - before < 0 or a + span >= nb:
+            return None
+        win = [v for v in f.cyc[a: a + span + 1] if v is not None]
+        pre = [v for v in f.cyc[a - before: a] if v is not None]
+        if not win or len(pre) < before or sum(pre) <= 0:
+            return None
+        rises.append(max(win) / (sum(pre) / len(pre)))
+    rise = min(cfg.max_cycle_ratio, min(rises))
+    if rise <= 1.0:
+        return None
+    return sum(ref_now) / len(ref_now) * rise
 
 
 def _bin(t_s: float, cfg: ForecastConfig) -> int:
@@ -120,14 +253,15 @@ def season_ratio(f: Forecast, t0_s: float, t1_s: float, cfg: ForecastConfig = Fo
 
 def envelope(f: Forecast, horizon_s: float, cfg: ForecastConfig = ForecastConfig()) -> float | None:
     """The highest forecast rate over ``[now, now + horizon_s]`` (a damped trend is monotone,
-    so the ends and the season's bins in between are all that can peak)."""
+    so the ends and the season's bins in between are all that can peak), and no lower than a
+    recurring rise expected within the horizon (``recurring``)."""
     if f.t_s is None:
         return None
     pts = [0.0, horizon_s]
     if f.season:
         width = cfg.season_s / cfg.season_bins
         pts += [min(horizon_s, width * j) for j in range(1, int(horizon_s / width) + 1)]
-    return max(predict(f, h, cfg) or 0.0 for h in pts)
+    return max(max(predict(f, h, cfg) or 0.0 for h in pts), recurring(f, horizon_s, cfg) or 0.0)
 
 
 # ------------------------------------------------------------------ learned headroom

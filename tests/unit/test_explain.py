@@ -104,3 +104,12 @@ def test_explain_says_where_each_models_headroom_comes_from():
     assert "prior" in headroom_sentence("resnet", prior) and "7 so far" in headroom_sentence("resnet", prior)
     assert "fixed" in headroom_sentence("resnet", dict(learned, headroom_quantile=None))
     assert "no headroom" in headroom_sentence("resnet", {})
+
+
+def test_explain_says_when_demand_repeats_and_what_the_floor_expects():
+    from autoscaler.commands.explain import cycle_sentence
+
+    assert cycle_sentence("resnet", {"cycle_s": None}) is None
+    due = cycle_sentence("resnet", {"cycle_s": 900.0, "recurring_rps": 412.0})
+    assert "every 15 min" in due and "412" in due
+    assert "no rise is due" in cycle_sentence("resnet", {"cycle_s": 1800.0, "recurring_rps": None})

@@ -69,6 +69,78 @@ def test_a_rise_that_comes_every_day_is_forecast_before_it_arrives():
     assert fc.predict(g, 300, cfg) == pytest.approx(100, rel=0.02)
 
 
+def _job_series(hours, period_s=900.0, run_s=180.0, base=100.0, job=400.0, step=5.0, seed=0, stop_s=None):
+    """A timer-triggered job: ``job`` req/s for ``run_s`` every ``period_s``, over ``base``, 5% noise."""
+    rng = np.random.default_rng(seed)
+    ts = np.arange(0, hours * 3600, step)
+    on = (ts % period_s) < run_s
+    if stop_s is not None:
+        on &= ts < stop_s
+    return ts, np.where(on, job, base) * rng.gamma(400, 1 / 400, size=len(ts))
+
+
+def test_a_job_that_repeats_every_15_minutes_is_found_and_forecast_before_it_runs():
+    ts, ys = _job_series(3)
+    f, before, during = fc.Forecast(), [], []
+    for t, y in zip(ts, ys):
+        f = fc.update(f, t, y)
+        phase = t % 900
+        if t > 2 * 3600 and 840 <= phase < 860:  # 40-60 s before a run
+            before.append((fc.envelope(f, 60), fc.predict(f, 60)))
+        if t > 2 * 3600 and 60 <= phase < 120:  # a run under way
+            during.append(fc.envelope(f, 60))
+    assert fc.cycle(f) == 900
+    # before each run the floor already holds it; the smooth forecast alone does not
+    assert all(e >= 0.8 * 400 for e, _ in before)
+    assert all(p < 0.5 * 400 for _, p in before)
+    # while it runs the rise is not counted twice on top of the level it brought
+    assert max(during) < 1.3 * 400
+
+
+def test_no_period_in_noise_or_in_a_single_burst():
+    rng = np.random.default_rng(3)
+    ts = np.arange(0, 6 * 3600, 5.0)
+    # heavy-tailed noise with a minute of memory: no period
+    x = np.zeros(len(ts))
+    for i in range(1, len(ts)):
+        x[i] = 0.92 * x[i - 1] + 0.15 * rng.standard_t(2.5)
+    assert fc.cycle(feed(ts, 100 * np.exp(x))) is None
+    # one burst of 5x for 10 minutes: it does not repeat
+    ys = np.where((ts > 3600) & (ts < 4200), 500.0, 100.0) * rng.gamma(400, 1 / 400, size=len(ts))
+    f = feed(ts, ys)
+    assert fc.cycle(f) is None
+    assert fc.envelope(f, 60) < 130
+
+
+def test_a_job_is_not_expected_before_three_cycles_nor_after_it_stops():
+    ts, ys = _job_series(4, period_s=1200.0, run_s=240.0, stop_s=2.5 * 3600)
+    f, early, after = fc.Forecast(), [], []
+    for t, y in zip(ts, ys):
+        f = fc.update(f, t, y)
+        if 1140 * 1 <= t % 1200 < 1160:
+            if t < 2 * 1200:
+                early.append(fc.envelope(f, 60))
+            if t > 2.5 * 3600 + 2 * 1200:  # two skipped runs later
+                after.append(fc.envelope(f, 60))
+    assert early and max(early) < 130  # two cycles seen: too few to call it a period
+    assert after and max(after) < 130  # the last two cycles did not rise: nothing is expected
+
+
+def test_recurring_memory_is_bounded():
+    cfg = fc.ForecastConfig()
+    ts, ys = _job_series(8, step=15.0)
+    f = feed(ts, ys)
+    assert len(f.cyc) == int(cfg.cycle_memory_s / cfg.cycle_bin_s)
+
+
+def test_detect_period_prefers_the_period_to_its_multiples():
+    # changes every 10 min, with a second, weaker job on the hour: 10 min is the period
+    cfg = fc.ForecastConfig()
+    t = np.arange(0, 5 * 3600, cfg.cycle_bin_s)
+    bins = 100 + 300 * ((t % 600) < 120) + 50 * ((t % 3600) < 120)
+    assert fc.detect_period(tuple(float(b) for b in bins), cfg) * cfg.cycle_bin_s == 600
+
+
 def test_the_same_sample_twice_changes_nothing():
     f = feed([0, 5, 10], [10, 20, 30])
     assert fc.update(f, 10.0, 999.0) == f
