@@ -270,8 +270,8 @@ def envelope(f: Forecast, horizon_s: float, cfg: ForecastConfig = ForecastConfig
 @dataclass(frozen=True)
 class HeadroomConfig:
     # 0.9: the cheapest of 0.9/0.95/0.99 that reached 99% mean attainment on the
-    # development seeds 1-5 of benchmarks/generalization.py (99.06% at 32.0 GPU-h;
-    # 0.95: 99.13% at 33.2, 0.99: 99.16% at 36.2).
+    # development seeds 1-5 of benchmarks/generalization.py (99.05% at 32.0 GPU-h;
+    # 0.95: 99.14% at 33.3, 0.99: 99.15% at 36.2).
     quantile: float = 0.9
     sample_s: float = 60.0
     window_s: float = 4 * 3600.0
