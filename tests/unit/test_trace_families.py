@@ -98,30 +98,28 @@ def test_cron_schedules_meet_on_the_hour():
     assert near_hour > 0.2
 
 
+def _block_means(kind: str, seeds: range, block_s: float):
+    """Each model's rate averaged over whole blocks of ``block_s``, for every seed in turn."""
+    for seed in seeds:
+        t = _gen(kind, seed)
+        per = round(block_s / float(t.t_s[1] - t.t_s[0]))
+        for x in t.rps:
+            yield x[: len(x) // per * per].reshape(-1, per).mean(axis=1)
+
+
 def _largest_minute_jump(kind: str, seeds: range) -> float:
     """The largest ratio between consecutive 1-minute means, after a 5-minute running median."""
     worst = 1.0
-    for seed in seeds:
-        t = _gen(kind, seed)
-        per_min = round(60.0 / float(t.t_s[1] - t.t_s[0]))
-        for x in t.rps:
-            m = x[: len(x) // per_min * per_min].reshape(-1, per_min).mean(axis=1)
-            sm = np.array([np.median(m[max(0, i - 2): i + 3]) for i in range(len(m))])
-            r = sm[1:] / np.maximum(sm[:-1], 1e-9)
-            worst = max(worst, float(np.max(np.maximum(r, 1.0 / np.maximum(r, 1e-9)))))
+    for m in _block_means(kind, seeds, 60.0):
+        sm = np.array([np.median(m[max(0, i - 2): i + 3]) for i in range(len(m))])
+        r = sm[1:] / np.maximum(sm[:-1], 1e-9)
+        worst = max(worst, float(np.max(np.maximum(r, 1.0 / np.maximum(r, 1e-9)))))
     return worst
 
 
 def _level_range(kind: str, seeds: range) -> float:
     """The largest ratio of a model's highest to lowest hourly mean."""
-    out = 1.0
-    for seed in seeds:
-        t = _gen(kind, seed)
-        per_h = round(3600.0 / float(t.t_s[1] - t.t_s[0]))
-        for x in t.rps:
-            h = x[: len(x) // per_h * per_h].reshape(-1, per_h).mean(axis=1)
-            out = max(out, float(h.max() / max(h.min(), 1e-9)))
-    return out
+    return max(float(h.max() / max(h.min(), 1e-9)) for h in _block_means(kind, seeds, 3600.0))
 
 
 def test_ramp_moves_far_but_never_jumps():
@@ -134,11 +132,7 @@ def test_ramp_moves_far_but_never_jumps():
 def _fleet_wide_rise(kind: str, seed: int) -> float:
     """The largest share of models whose 5-minute mean is >= 1.3x their own 15 minutes earlier,
     over every 5-minute block of the trace: how many models rise together."""
-    t = _gen(kind, seed)
-    step = float(t.t_s[1] - t.t_s[0])
-    w = round(300.0 / step)
-    n = t.rps.shape[1] // w * w
-    five = t.rps[:, :n].reshape(len(MODELS), -1, w).mean(axis=2)  # models x 5-min blocks
+    five = np.array(list(_block_means(kind, range(seed, seed + 1), 300.0)))  # models x 5-min blocks
     rose = five[:, 3:] >= 1.3 * five[:, :-3]
     return float(rose.mean(axis=0).max())
 
