@@ -295,6 +295,7 @@ class _Seen:
     measured: float | None  # the arrival rate measured this tick (fast signals first)
     envelope: float | None  # the forecaster's highest rate over the horizon
     horizon_s: float
+    recurring: float | None  # the recurring rise the envelope includes (None: none expected)
 
 
 def by_model(cluster: ClusterState) -> dict[str, ClusterState]:
@@ -365,9 +366,11 @@ def _observe_model(obs, state: PolicyState, cfg: PolicyConfig, spec: ModelSpec, 
     # delay), one tick, and a replica start.
     age = (now_s - f.t_s if f.t_s is not None else 0.0) + width / 2
     horizon = max(0.0, age) + cfg.tick_s + cfg.replica_start_s
-    env = fc.envelope(f, horizon, cfg.forecasting)
-    h = fc.observe(state.headroom.get(name, fc.Headroom()), now_s, measured, env, horizon, cfg.headroom_learning)
-    return _Seen(sig, observed, guess, hist, panic, corr, est, n, cap, f, h, measured, env, horizon)
+    out = fc.outlook(f, horizon, cfg.forecasting)
+    h = fc.observe(state.headroom.get(name, fc.Headroom()), now_s, measured, out.envelope, horizon,
+                   cfg.headroom_learning)
+    return _Seen(sig, observed, guess, hist, panic, corr, est, n, cap, f, h, measured, out.envelope, horizon,
+                 out.recurring)
 
 
 def observe_only(obs: Observation, state: PolicyState, cfg: PolicyConfig, now_s: float) -> PolicyState:
@@ -686,7 +689,7 @@ def decide(
             headroom_samples=len(seen.headroom.ratios),
             horizon_s=seen.horizon_s,
             cycle_s=fc.cycle(seen.forecast, config.forecasting),
-            recurring_rps=fc.recurring(seen.forecast, seen.horizon_s, config.forecasting),
+            recurring_rps=seen.recurring,
             p99_ms=sig.p99_ms if sig else None,
             slo_p99_ms=config.slo_p99_ms.get(name),
             stages=tuple(step.stages),

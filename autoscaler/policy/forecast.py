@@ -50,6 +50,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -118,26 +119,25 @@ def update(f: Forecast, t_s: float, rate: float, cfg: ForecastConfig = ForecastC
     bin_sum, bin_n = bin_sum + rate, bin_n + 1
     cyc = _cycle_update(f, t_s, rate, cfg)
     if f.t_s is None:
-        return Forecast(float(t_s), rate, 0.0, season, k, bin_sum, bin_n, *cyc)
+        return Forecast(float(t_s), rate, 0.0, season, k, bin_sum, bin_n, **cyc)
     dt = t_s - f.t_s
     prior = f.level + f.trend * dt
     a = 1.0 - math.exp(-dt / cfg.level_tau_s)
     level = max(0.0, prior + a * (rate - prior))
     b = 1.0 - math.exp(-dt / cfg.trend_tau_s)
     trend = f.trend + b * ((level - f.level) / dt - f.trend)
-    return Forecast(t_s, level, trend, season, k, bin_sum, bin_n, *cyc)
+    return Forecast(t_s, level, trend, season, k, bin_sum, bin_n, **cyc)
 
 
-def _cycle_update(f: Forecast, t_s: float, rate: float, cfg: ForecastConfig
-                  ) -> tuple[tuple[float | None, ...], int, float, int, int | None, float | None]:
-    """The recurring-rise fields after one sample: close the 30 s bin it leaves, and look
-    for the period again every ``cycle_refresh_s``."""
+def _cycle_update(f: Forecast, t_s: float, rate: float, cfg: ForecastConfig) -> dict[str, Any]:
+    """The recurring-rise fields after one sample, by ``Forecast`` field name: close the
+    30 s bin it leaves, and look for the period again every ``cycle_refresh_s``."""
     idx = math.floor(t_s / cfg.cycle_bin_s)
     bins, csum, cn = f.cyc, f.cyc_sum, f.cyc_n
     if f.cyc_index is not None and idx != f.cyc_index:
-        gap = min(idx - f.cyc_index - 1, int(cfg.cycle_memory_s / cfg.cycle_bin_s))
-        bins = bins + ((csum / cn) if cn else None,) + (None,) * max(0, gap)
         keep = int(cfg.cycle_memory_s / cfg.cycle_bin_s)
+        gap = min(idx - f.cyc_index - 1, keep)
+        bins = bins + ((csum / cn) if cn else None,) + (None,) * max(0, gap)
         if len(bins) > keep:
             bins = bins[len(bins) - keep:]
         csum, cn = 0.0, 0
@@ -145,7 +145,8 @@ def _cycle_update(f: Forecast, t_s: float, rate: float, cfg: ForecastConfig
     period, checked = f.period_bins, f.cyc_checked_s
     if checked is None or t_s - checked >= cfg.cycle_refresh_s:
         period, checked = detect_period(bins, cfg), t_s
-    return bins, idx, csum, cn, period, checked
+    return {"cyc": bins, "cyc_index": idx, "cyc_sum": csum, "cyc_n": cn, "period_bins": period,
+            "cyc_checked_s": checked}
 
 
 def detect_period(bins: tuple[float | None, ...], cfg: ForecastConfig = ForecastConfig()) -> int | None:
@@ -251,17 +252,31 @@ def season_ratio(f: Forecast, t0_s: float, t1_s: float, cfg: ForecastConfig = Fo
     return min(cfg.max_season_ratio, max(1.0 / cfg.max_season_ratio, b / a))
 
 
-def envelope(f: Forecast, horizon_s: float, cfg: ForecastConfig = ForecastConfig()) -> float | None:
+@dataclass(frozen=True)
+class Outlook:
+    """What the floor reads off one model's forecaster for one reaction horizon."""
+
+    envelope: float | None  # the highest forecast rate over the horizon (None: no sample yet)
+    recurring: float | None  # the recurring rise within it that the envelope includes (None: none)
+
+
+def outlook(f: Forecast, horizon_s: float, cfg: ForecastConfig = ForecastConfig()) -> Outlook:
     """The highest forecast rate over ``[now, now + horizon_s]`` (a damped trend is monotone,
     so the ends and the season's bins in between are all that can peak), and no lower than a
-    recurring rise expected within the horizon (``recurring``)."""
+    recurring rise expected within the horizon (``recurring``), which is returned beside it."""
     if f.t_s is None:
-        return None
+        return Outlook(None, None)
     pts = [0.0, horizon_s]
     if f.season:
         width = cfg.season_s / cfg.season_bins
         pts += [min(horizon_s, width * j) for j in range(1, int(horizon_s / width) + 1)]
-    return max(max(predict(f, h, cfg) or 0.0 for h in pts), recurring(f, horizon_s, cfg) or 0.0)
+    rec = recurring(f, horizon_s, cfg)
+    return Outlook(max(max(predict(f, h, cfg) or 0.0 for h in pts), rec or 0.0), rec)
+
+
+def envelope(f: Forecast, horizon_s: float, cfg: ForecastConfig = ForecastConfig()) -> float | None:
+    """``outlook``'s envelope alone."""
+    return outlook(f, horizon_s, cfg).envelope
 
 
 # ------------------------------------------------------------------ learned headroom

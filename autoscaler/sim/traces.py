@@ -583,8 +583,8 @@ def fam_cron(rng: np.random.Generator, t: np.ndarray, means: np.ndarray, step_s:
     the others at a random minute. A run lifts the rate to 2-6x the base
     (log-uniform, per model) within 10-30 s, holds it for 2-15 minutes (at
     most a third of the period, +-20% per run) and stops at once. The base
-    is a diurnal with 10% Gamma noise per step. Periodic invocation is the
-    commonest trigger after HTTP in the Azure Functions 2019 trace.
+    is a diurnal with 10% Gamma noise per step. In the Azure Functions 2019
+    trace, timers are, after HTTP, among the most common triggers.
     """
     n_m, n = len(means), len(t)
     end = float(t[-1] + step_s)

@@ -86,13 +86,17 @@ def test_a_job_that_repeats_every_15_minutes_is_found_and_forecast_before_it_run
         f = fc.update(f, t, y)
         phase = t % 900
         if t > 2 * 3600 and 840 <= phase < 860:  # 40-60 s before a run
-            before.append((fc.envelope(f, 60), fc.predict(f, 60)))
+            o = fc.outlook(f, 60)
+            assert o.envelope == fc.envelope(f, 60) and o.recurring == fc.recurring(f, 60)
+            before.append((o.envelope, fc.predict(f, 60), o.recurring))
         if t > 2 * 3600 and 60 <= phase < 120:  # a run under way
             during.append(fc.envelope(f, 60))
     assert fc.cycle(f) == 900
     # before each run the floor already holds it; the smooth forecast alone does not
-    assert all(e >= 0.8 * 400 for e, _ in before)
-    assert all(p < 0.5 * 400 for _, p in before)
+    assert all(e >= 0.8 * 400 for e, _, _ in before)
+    assert all(p < 0.5 * 400 for _, p, _ in before)
+    # and it is the recurring rise that holds it, named beside the envelope
+    assert all(r is not None and e == r for e, _, r in before)
     # while it runs the rise is not counted twice on top of the level it brought
     assert max(during) < 1.3 * 400
 
