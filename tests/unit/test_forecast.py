@@ -87,7 +87,7 @@ def test_a_job_that_repeats_every_15_minutes_is_found_and_forecast_before_it_run
         phase = t % 900
         if t > 2 * 3600 and 840 <= phase < 860:  # 40-60 s before a run
             o = fc.outlook(f, 60)
-            assert o.envelope == fc.envelope(f, 60) and o.recurring == fc.recurring(f, 60)
+            assert o.recurring == fc.recurring(f, 60)
             before.append((o.envelope, fc.predict(f, 60), o.recurring))
         if t > 2 * 3600 and 60 <= phase < 120:  # a run under way
             during.append(fc.envelope(f, 60))
