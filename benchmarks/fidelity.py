@@ -8,9 +8,11 @@ Poisson load through the front door, its rate a ``loadtests.shapes.Step``
 trace, ``SimCluster`` with delays matching the local backend (replica start
 measured on the real side, emulated repartition ~instant, Prometheus' 2 s
 scrape interval, the source's window) and the replica's service rate as
-profiled on the real side: before the scenario a closed-loop burst measures
-the 1g replica's saturation throughput, and the other profiles scale from it
-by the emulated max-batch throughput (``triton_models/resnet/emulation.json``).
+profiled on the real side: after the scenario a closed-loop burst measures
+a replica's saturation throughput, and the other profiles scale from it
+by the emulated max-batch throughput (``triton_models/resnet/emulation.json``),
+and the sim's replicas batch as the real one does (``max_batch_size`` of its
+``config.pbtxt``), which sets the compute time per request Triton reports.
 The capacity table stays the policy's estimate on both sides -- the world is
 measured, the belief is not, as in production.
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import queue
+import re
 import sys
 import threading
 import time
@@ -79,8 +82,17 @@ def policy() -> PolicyConfig:
     )
 
 
-def emulated_max_batch_rps(profile: str, max_batch: int = 8) -> float:
+def max_batch_size() -> int:
+    """The resnet replica's ``max_batch_size`` (its ``config.pbtxt``; the dynamic batcher is on)."""
+    m = re.search(r"^max_batch_size:\s*(\d+)", (REPO / "resnet" / "config.pbtxt").read_text(), re.MULTILINE)
+    if m is None:
+        raise ValueError(f"no max_batch_size in {REPO / 'resnet' / 'config.pbtxt'}")
+    return int(m.group(1))
+
+
+def emulated_max_batch_rps(profile: str, max_batch: int | None = None) -> float:
     """req/s of one emulated replica at its largest batch (``emulation.json``, ``config.pbtxt``)."""
+    max_batch = max_batch_size() if max_batch is None else max_batch
     emu = json.loads((REPO / "resnet" / "emulation.json").read_text())
     key = profile.split(".")[0]
     return max_batch / ((emu["batch1_ms"][key] + emu["per_item_ms"][key] * (max_batch - 1)) / 1000.0)
@@ -201,9 +213,6 @@ def run_real(shape: Step, run_dir: Path) -> dict[str, Any]:
         start_s = time.monotonic() - t_create
         if errs:
             raise RuntimeError(f"initial replica failed: {errs}")
-        (first,) = c.replicas()
-        saturation = measure_saturation(first.process.url_http)
-        time.sleep(12.0)  # let the burst leave the metrics windows before the loop starts
         if c.prometheus_url is not None:
             from autoscaler.observe.prometheus import PrometheusSource
 
@@ -239,6 +248,14 @@ def run_real(shape: Step, run_dir: Path) -> dict[str, Any]:
             timeline.append((time.monotonic() - t0, live, ready))
             time.sleep(1.0)
         load_thread.join(180)
+        stop.set()
+        loop_thread.join(30)
+        # Profiled after the scenario, with the loop stopped: a closed-loop burst fills
+        # the replica's latency summaries, whose quantiles Triton keeps over a sliding
+        # window, so a burst run before would sit in the loop's p99 for its first minute.
+        rep = next(r for r in c.replicas() if r.state is ReplicaState.READY)
+        saturation = measure_saturation(rep.process.url_http) * emulated_max_batch_rps("1g.10gb") \
+            / emulated_max_batch_rps(rep.profile)
     finally:
         stop.set()
         if loop_thread is not None:
@@ -259,7 +276,8 @@ def run_sim(shape: Step, start_delay_s: float, step_s: float = 1.0,
     gpu = GpuState(GPU, "node-a", PRODUCT, layout=initial_layout())
     init = ClusterState((gpu,), (Replica("resnet-0", "resnet", "1g.10gb", GPU, 6, ReplicaState.READY, 0.0),))
     cfg = SimConfig(step_s=step_s, start_delay_s=start_delay_s, drain_s=1.0, repartition_delay_s=1.0,
-                    scrape_delay_s=2.0, metrics_window_s=6.0, fast_window_s=FAST_WINDOW_S, fast_delay_s=0.0)
+                    scrape_delay_s=2.0, metrics_window_s=6.0, fast_window_s=FAST_WINDOW_S, fast_delay_s=0.0,
+                    max_batch=max_batch_size())
     spec = policy()
     cluster = SimCluster(spec.models, {"resnet": SLO_MS}, init, clock, cfg,
                          service_rps={"resnet": service_rps} if service_rps else None, record_sojourns=True)

@@ -36,7 +36,8 @@ What it models (defaults in ``SimConfig``):
   Prometheus ``rate(...[30s])`` evaluated on 15 s-old samples would say.
   ``request_rate`` is the completed rate, which saturates at capacity, plus the
   requests a replica's queue dropped (Triton counts both: success + failure),
-  and ``pending`` the queued requests, as Triton reports them. A request that
+  and ``pending`` the queued requests, as Triton reports them. Compute time
+  per request is the whole batch's, as Triton counts it (``max_batch``). A request that
   arrives while its model has no READY replica fails (it counts against the
   SLO) but no replica's counters hold it, so no metric counts it either; a
   model with no READY replica in the whole window reads as missing (None), as
@@ -209,7 +210,8 @@ class SimCluster(SimActions, SimMetrics):
             done = np.bincount(mi, weights=np.maximum(a_i - (x_raw - x0), 0.0), minlength=n)
             dropped = np.bincount(mi, weights=x_raw - x1, minlength=n)
             wait = np.bincount(mi, weights=a_i * xm / mu, minlength=n)
-            comp = np.bincount(mi, weights=a_i / mu, minlength=n)
+            batch = q.mean_batch(xm, self.config.max_batch)
+            comp = np.bincount(mi, weights=a_i * batch / mu, minlength=n)
             p99 = q.quantile_s(xm, mu, 0.99)
             p99w = np.bincount(mi, weights=a_i * p99, minlength=n)
             cap = np.bincount(mi, weights=np.array([r.capacity for r in ready]), minlength=n)

@@ -92,6 +92,16 @@ def busy(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + x)
 
 
+def mean_batch(x: np.ndarray, max_batch: int) -> np.ndarray:
+    """Mean batch a dynamic batcher runs when the replica holds ``x``: the queue it finds
+    on freeing up (``x`` less the busy share in service), between 1 and ``max_batch``.
+
+    Worked number: at 70 req/s on a replica serving 81 req/s, x = 70 / 11 = 6.4, of
+    which 5.5 wait -> batches of 5.5 requests, each reporting 5.5 / 81 s = 68 ms of
+    compute (the emulated resnet's batch of 5.5 takes 31.4 + 4.5 x 9.5 = 74 ms)."""
+    return np.clip(x - busy(x), 1.0, float(max_batch))
+
+
 # ------------------------------------------------------------------ reference
 
 

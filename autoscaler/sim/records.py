@@ -45,6 +45,14 @@ class SimConfig:
     # progressDeadlineSeconds. Worked number: a CREATE behind a 180 s repartition
     # plus a 30 s start waits 210 s, well inside it.
     wait_ready_timeout_s: float = 600.0
+    # Triton's ``max_batch_size`` with the dynamic batcher on. Triton reports for each
+    # request the compute time of the whole batch it ran in (docs/metrics.md), so the
+    # compute per request its metrics show -- and with it the queue:compute ratio the
+    # burst layer and the ``hpa-queue`` baseline read -- depends on the batch, while
+    # latency does not (batching is inside the service rate). The mean batch is the
+    # queue a replica finds when it frees up, between 1 and this. 1: every request
+    # runs alone and reports its own service time.
+    max_batch: int = 1
 
     def __post_init__(self) -> None:
         if self.fast_window_s is not None and not (math.isfinite(self.fast_window_s) and self.fast_window_s > 0):
@@ -53,6 +61,8 @@ class SimConfig:
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{name}: must be > 0, got {v!r}")
+        if not (isinstance(self.max_batch, int) and self.max_batch >= 1):
+            raise ValueError(f"max_batch: must be an integer >= 1, got {self.max_batch!r}")
         for name in ("start_delay_s", "drain_s", "repartition_delay_s", "scrape_delay_s", "queue_timeout_s",
                      "wait_ready_timeout_s", "fast_delay_s"):
             v = getattr(self, name)

@@ -10,6 +10,7 @@ from autoscaler.config import policy_config
 from autoscaler.fakes import RecordingActuator, single_gpu_cluster, stub_planner
 from autoscaler.mig import Placement
 from autoscaler.policy.decide import PolicyConfig, PolicyState, decide, observe_only
+from autoscaler.policy.forecast import ForecastConfig
 from autoscaler.policy.hpa import DEFAULT_SCALE_UP, ScalingRules, SelectPolicy
 from autoscaler.policy.types import (
     ActionKind,
@@ -101,8 +102,10 @@ def test_scale_up_is_rate_limited_by_behavior():
 
 
 def test_scale_down_waits_for_stabilization_window():
+    # a 5 s level (half the default's, which is the long window) keeps the arithmetic short
     h = Harness(
-        config(scale_down=ScalingRules(30, SelectPolicy.MAX, DEFAULT_SCALE_UP.policies[:1])), cluster(a=4)
+        config(scale_down=ScalingRules(30, SelectPolicy.MAX, DEFAULT_SCALE_UP.policies[:1]),
+               forecast=ForecastConfig(level_tau_s=5.0)), cluster(a=4)
     )
     steady = {"b": sig("b", 100 / 1.2, 0)}
     h.step(0, {"a": sig("a", 4 * 50 / 1.2, 0), **steady})  # floor 200 -> recommendation 4
@@ -112,7 +115,7 @@ def test_scale_down_waits_for_stabilization_window():
         assert h.count("a") == 4
         assert Reason.HOLD_STABILIZATION in plan.reasons["a"]
         recs.append(h.state.last_recommendation["a"])
-    # the forecast's level falls with a 5 s time constant (half the 10 s long window):
+    # the forecast's level falls with a 5 s time constant:
     # floor 104 at t=5 (3 replicas), 68 at t=10 (2), then toward 40 x 1.2 = 48 (1)
     assert recs == [3, 2, 2, 2, 1]
     assert h.state.diagnostics["a"].floor_rps == pytest.approx(48, rel=0.02)
@@ -120,6 +123,22 @@ def test_scale_down_waits_for_stabilization_window():
     for t, want in ((30, 3), (35, 2), (45, 2), (50, 1)):
         h.step(t, {"a": sig("a", 40, t), **steady})
         assert h.count("a") == want, t
+
+
+def test_the_forecast_level_moves_with_the_long_window():
+    # the level's time constant is the long window unless a forecast config is given
+    for w in (10, 60, 120):
+        assert config(long_window_s=w).forecasting.level_tau_s == w
+    assert config(forecast=ForecastConfig(level_tau_s=7.0)).forecasting.level_tau_s == 7.0
+    # so after a drop the floor falls more slowly with a longer window
+    floors = {}
+    for w in (10, 40):
+        h = Harness(config(long_window_s=w), cluster(a=4))
+        steady = {"b": sig("b", 100 / 1.2, 0)}
+        h.step(0, {"a": sig("a", 4 * 50 / 1.2, 0), **steady})
+        h.step(5, {"a": sig("a", 40, 5), **steady})
+        floors[w] = h.state.diagnostics["a"].floor_rps
+    assert floors[10] < floors[40] < 200
 
 
 def test_missing_model_holds_while_others_proceed():

@@ -297,6 +297,39 @@ def test_metrics_report_what_was_true_scrape_delay_ago():
     assert models["m"].queue_compute_ratio == pytest.approx(rho / (1 - rho), rel=0.03)
 
 
+def test_a_batching_replica_reports_its_batch_compute_per_request_as_triton_does():
+    """Triton reports for each request the compute time of the whole batch it ran in, so
+    with the dynamic batcher the queue:compute ratio falls by the mean batch; latency and
+    throughput do not change (batching is inside the service rate)."""
+    mu = q.service_rate(300.0, 50.0)  # 392 req/s
+    seen = {}
+    for mb in (1, 8):
+        c, clock = _cluster(start_delay_s=0, scrape_delay_s=0, metrics_window_s=30, max_batch=mb)
+        c.apply([_create(rid="a")])
+        for _ in range(24):  # 120 s at 350 req/s: x = rho / (1 - rho) = 8.3, of which 7.4 wait
+            c.advance(np.array([350.0]))
+        models, _ = c.read(["m"], [], clock.now())
+        seen[mb] = (models["m"], c.per_step("ok")[-6:, 0].sum())
+    rho = 350.0 / mu
+    x = rho / (1 - rho)
+    waiting = x - rho
+    alone, batched = seen[1][0], seen[8][0]
+    assert alone.avg_compute_ms == pytest.approx(1000.0 / mu, rel=1e-6)
+    assert batched.avg_compute_ms == pytest.approx(1000.0 * waiting / mu, rel=0.03)
+    assert alone.queue_compute_ratio == pytest.approx(x, rel=0.03)
+    assert batched.queue_compute_ratio == pytest.approx(x / waiting, rel=0.03)
+    assert batched.avg_queue_ms == alone.avg_queue_ms and batched.p99_ms == alone.p99_ms
+    assert seen[8][1] == seen[1][1]
+    # the batch never passes max_batch_size, and a light load runs batches of one
+    assert np.array_equal(q.mean_batch(np.array([0.3, 8.3, 500.0]), 8), [1.0, 8.3 - 8.3 / 9.3, 8.0])
+
+
+def test_max_batch_must_be_a_positive_integer():
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="max_batch"):
+            SimConfig(max_batch=bad)
+
+
 def test_spike_detection_and_recovery():
     d = np.ones((2, 400)) * 10.0
     d[1, 300:] = 40.0
