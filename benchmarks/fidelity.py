@@ -253,7 +253,9 @@ def run_real(shape: Step, run_dir: Path) -> dict[str, Any]:
         # Profiled after the scenario, with the loop stopped: a closed-loop burst fills
         # the replica's latency summaries, whose quantiles Triton keeps over a sliding
         # window, so a burst run before would sit in the loop's p99 for its first minute.
-        rep = next(r for r in c.replicas() if r.state is ReplicaState.READY)
+        rep = next((r for r in c.replicas() if r.state is ReplicaState.READY), None)
+        if rep is None:
+            raise RuntimeError("no READY replica left after the scenario to profile the service rate on")
         saturation = measure_saturation(rep.process.url_http) * emulated_max_batch_rps("1g.10gb") \
             / emulated_max_batch_rps(rep.profile)
     finally:
