@@ -31,6 +31,7 @@ Run: ``.venv/bin/python benchmarks/fidelity.py [--low 15 --high 70 --phase-s 50]
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import queue
 import re
@@ -82,6 +83,7 @@ def policy() -> PolicyConfig:
     )
 
 
+@functools.cache
 def max_batch_size() -> int:
     """The resnet replica's ``max_batch_size`` (its ``config.pbtxt``; the dynamic batcher is on)."""
     m = re.search(r"^max_batch_size:\s*(\d+)", (REPO / "resnet" / "config.pbtxt").read_text(), re.MULTILINE)
@@ -90,10 +92,16 @@ def max_batch_size() -> int:
     return int(m.group(1))
 
 
+@functools.cache
+def _emulation() -> dict[str, Any]:
+    """The emulated resnet's timings (``emulation.json``), read once."""
+    return json.loads((REPO / "resnet" / "emulation.json").read_text())
+
+
 def emulated_max_batch_rps(profile: str, max_batch: int | None = None) -> float:
     """req/s of one emulated replica at its largest batch (``emulation.json``, ``config.pbtxt``)."""
     max_batch = max_batch_size() if max_batch is None else max_batch
-    emu = json.loads((REPO / "resnet" / "emulation.json").read_text())
+    emu = _emulation()
     key = profile.split(".")[0]
     return max_batch / ((emu["batch1_ms"][key] + emu["per_item_ms"][key] * (max_batch - 1)) / 1000.0)
 
