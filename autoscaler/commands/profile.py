@@ -19,12 +19,14 @@ import yaml
 
 from autoscaler.commands._common import fail, load_or_exit
 from autoscaler.runtime.profile import (
+    Arrivals,
     PointRule,
     ProfileResult,
     TritonMeasurer,
     capacity_document,
     concurrency_levels,
     plot,
+    rate_search,
     sweep,
 )
 
@@ -95,21 +97,25 @@ def run_profile(
     max_concurrency: int,
     workdir: Path,
     tritonserver: str | None = None,
+    arrivals: Arrivals = Arrivals.CLOSED,
+    refine: int = 4,
 ) -> list[ProfileResult]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from autoscaler.act.local.triton import TritonError, TritonProcess
 
     levels = concurrency_levels(max_concurrency)
+    n_points = len(levels) + (1 + refine if arrivals is Arrivals.POISSON else 0)
     results: list[ProfileResult] = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(), transient=False) as progress:
         overall = progress.add_task("all", total=len(plan), status="")
         for i, (m, profile) in enumerate(plan):
-            task = progress.add_task(f"{m.name} on {profile}", total=len(levels), status="starting replica")
+            task = progress.add_task(f"{m.name} on {profile}", total=n_points, status="starting replica")
             env, kind = _replica_env(cluster_cfg, profile, m.name) or ({}, "")
             mdir = models_cfg.resolve(m.model_dir).resolve()
-            result = ProfileResult(model=m.name, profile=profile, slo_p99_ms=float(m.slo.p99_ms), env=kind)
+            result = ProfileResult(model=m.name, profile=profile, slo_p99_ms=float(m.slo.p99_ms), env=kind,
+                                   arrivals=arrivals)
             proc = TritonProcess(mdir.parent, [mdir.name], workdir / f"replica-{i}", env=env,
                                  tritonserver=tritonserver)
             try:
@@ -124,12 +130,21 @@ def run_profile(
                         f"batch {p.avg_batch or 0:.1f}"))
 
                 result.points, result.stop = sweep(measurer.measure, result.slo_p99_ms, levels, on_point)
+                upper = result.closed_capacity_rps
+                if arrivals is Arrivals.POISSON and upper:
+                    def on_rate(p, task=task):
+                        progress.update(task, advance=1, status=(
+                            f"Poisson {p.offered_rps:.1f} req/s p99 "
+                            f"{p.p99_ms if p.p99_ms is not None else float('nan'):.0f} ms"))
+
+                    result.open_points = rate_search(measurer.measure_rate, result.slo_p99_ms, upper, refine,
+                                                     on_rate)
             except TritonError as e:
                 progress.console.print(f"[red]{m.name} on {profile}: replica failed: {e}")
             finally:
                 proc.stop()
             cap = result.capacity_rps
-            progress.update(task, completed=len(levels), status=(
+            progress.update(task, completed=n_points, status=(
                 f"capacity {cap:.1f} req/s ({result.stop.value if result.stop else 'failed'})"
                 if cap is not None else f"no point within p99 {result.slo_p99_ms:g} ms"))
             progress.advance(overall)
@@ -148,6 +163,13 @@ def profile(
     min_requests: Annotated[int, typer.Option(help="minimum requests per concurrency point")] = 200,
     warmup_s: Annotated[float, typer.Option(help="warm-up seconds before each point is measured")] = 0.5,
     max_concurrency: Annotated[int, typer.Option(help="highest client concurrency tried")] = 64,
+    arrivals: Annotated[Arrivals, typer.Option(help=(
+        "closed: capacity from N requests in flight; poisson: then search the highest Poisson rate "
+        "meeting the SLO, as independent users send (lower, and what online traffic gets)"))] = Arrivals.CLOSED,
+    open_requests: Annotated[int, typer.Option(help="poisson: requests per offered rate (p99 = 10th slowest "
+                                                     "of 1,000)")] = 1000,
+    refine: Annotated[int, typer.Option(help="poisson: bisection steps below the closed-loop capacity "
+                                             "(resolution capacity / 2**refine)")] = 4,
 ) -> None:
     """Measure req/s at the SLO for each model x MIG profile; write capacity.yaml and a plot.
 
@@ -155,6 +177,9 @@ def profile(
 
         migscale profile examples/models.yaml examples/cluster.yaml --models resnet \\
             --profiles 1g.10gb,3g.40gb --out capacity.yaml --plot capacity.png
+
+    For online traffic add `--arrivals poisson`: the capacity is then the highest
+    Poisson rate meeting the SLO, which is lower than N requests in flight give.
 
     Reference the result from models.yaml with `capacity_file: capacity.yaml`.
     Exit 3 when a model's SLO is met on no profile (the file is still written).
@@ -169,6 +194,10 @@ def profile(
         problems.append(f"--warmup-s: must be >= 0, got {warmup_s}")
     if max_concurrency < 1:
         problems.append(f"--max-concurrency: must be >= 1, got {max_concurrency}")
+    if open_requests < 100:
+        problems.append(f"--open-requests: must be >= 100 (a p99 needs 100 samples), got {open_requests}")
+    if not 0 <= refine <= 8:
+        problems.append(f"--refine: must be within 0..8, got {refine}")
     allowed = _allowed_profiles(models_cfg, cluster_cfg)
     wanted = [x.strip() for x in models.split(",") if x.strip()] or list(allowed)
     for name in wanted:
@@ -193,15 +222,18 @@ def profile(
                 plan.append((m, prof))
     if problems:
         fail(problems)
-    rule = PointRule(point_s=point_s, min_requests=min_requests, warmup_s=warmup_s)
+    rule = PointRule(point_s=point_s, min_requests=min_requests, warmup_s=warmup_s, open_requests=open_requests)
     started = time.perf_counter()
     tritonserver = getattr(getattr(cluster_cfg, "local", None), "tritonserver", None)
     with tempfile.TemporaryDirectory(prefix="migscale-profile-") as tmp:
-        results = run_profile(models_cfg, cluster_cfg, plan, rule, max_concurrency, Path(tmp), tritonserver)
+        results = run_profile(models_cfg, cluster_cfg, plan, rule, max_concurrency, Path(tmp), tritonserver,
+                              arrivals, refine)
     elapsed = time.perf_counter() - started
     doc = capacity_document(results)
     doc["run"] = {"seconds": round(elapsed, 1), "point_s": point_s, "min_requests": min_requests,
-                               "warmup_s": warmup_s, "max_concurrency": max_concurrency}
+                               "warmup_s": warmup_s, "max_concurrency": max_concurrency, "arrivals": arrivals.value}
+    if arrivals is Arrivals.POISSON:
+        doc["run"].update(open_requests=open_requests, refine=refine)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("# written by `migscale profile`; reference it from models.yaml as capacity_file\n"
                    + yaml.safe_dump(doc, sort_keys=False))

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from autoscaler.observe.queries import Queries
+from autoscaler.observe.queries import SUMMARY_WINDOW_S, Queries
 from autoscaler.policy.types import ModelSignals, Reason, ReplicaSignals
 
 # Largest believable value per signal; beyond it a value is a bug or an
@@ -268,6 +268,7 @@ class PrometheusSource:
             p95_ms=p95,
             p99_ms=p99,
             latency_is_average=is_avg,
+            latency_window_s=SUMMARY_WINDOW_S if p99 is not None and not is_avg else None,
             pending=vals["pending"],
             avg_batch=vals["avg_batch"],
             ready_replicas=int(rr) if rr is not None else None,

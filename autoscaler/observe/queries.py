@@ -19,6 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from string import Template
 
+# Triton keeps its latency summaries' quantiles (``summary_latencies=true``) over a
+# sliding window of about a minute, longer than any rate window: a p99 read from them
+# still holds a burst or an overload that the rates have forgotten (docs/metrics.md).
+SUMMARY_WINDOW_S = 60.0
+
 
 def promql_duration(seconds: float) -> str:
     """30 -> ``30s``; PromQL durations are integers with a unit."""

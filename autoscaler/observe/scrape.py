@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from autoscaler.observe.prometheus import check_value
+from autoscaler.observe.queries import SUMMARY_WINDOW_S
 from autoscaler.policy.types import ModelSignals, Reason, ReplicaSignals
 
 Targets = Callable[[], Mapping[str, tuple[str, str]]]
@@ -300,6 +301,7 @@ class ScrapeSource:
             p95_ms=p95,
             p99_ms=p99,
             latency_is_average=is_avg,
+            latency_window_s=SUMMARY_WINDOW_S if p99 is not None and not is_avg else None,
             pending=pending,
             avg_batch=batch,
             ready_replicas=len(rows),

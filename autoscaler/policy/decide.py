@@ -183,6 +183,7 @@ class ModelDiagnostics:
     forecast_rps: float | None = None  # the forecaster's envelope over the horizon
     floor_rps: float | None = None  # forecast x correction x (1 + headroom)
     burst_rps: float | None = None  # the burst layer's ask (None: no fresh fast signals)
+    hold_rps: float | None = None  # long-window demand x correction x (1 + headroom), at most what runs
     headroom: float | None = None
     headroom_learned: bool = False  # False: the prior, too few samples yet
     headroom_quantile: float | None = None  # the quantile it is learned at (None: fixed)
@@ -331,11 +332,15 @@ def _observe_model(obs, state: PolicyState, cfg: PolicyConfig, spec: ModelSpec, 
     # signals' where the backend has them, else the metrics window's demand.
     fast = sig.fast if sig is not None else None
     fast_arrivals = bu.arrivals(fast, now_s, cfg.burst)
-    windowed = fast_arrivals if fast_arrivals is not None and observed is not None else observed
-    keep = max(cfg.long_window_s, cfg.short_window_s)
+    from_fast = fast_arrivals is not None and observed is not None
+    windowed = fast_arrivals if from_fast else observed
+    # A p99 that reaches further back than the windows is judged against the capacity
+    # and the load of its whole span: a scale-up or a burst inside it still shows.
+    lat_w = sig.latency_window_s if sig is not None and sig.latency_window_s else None
+    keep = max(cfg.long_window_s, cfg.short_window_s, lat_w or 0.0)
     hist = state.demand.get(name, ())
     if windowed is not None:
-        hist = dm.record_demand(hist, dm.DemandSample(now_s, windowed), keep)
+        hist = dm.record_demand(hist, dm.DemandSample(now_s, windowed, guess and not from_fast), keep)
     else:
         hist = tuple(s for s in hist if s.t_s > now_s - keep)
     panic = state.panic.get(name, dm.PanicState())
@@ -346,8 +351,9 @@ def _observe_model(obs, state: PolicyState, cfg: PolicyConfig, spec: ModelSpec, 
         # twice what one replica of the best profile serves, not "any traffic".
         panic_cap = cap if cap > 0 else (best_replica_capacity(spec) or 0.0)
         panic = dm.update_panic(panic, short, panic_cap, cfg.panic_threshold, cfg.stable_window_s, now_s)
-        util = observed * corr / cap if cap > 0 else None  # against the corrected table
-        if dm.capacity_settled(spec.name, own, panic, now_s, cfg.short_window_s):
+        load = observed if lat_w is None else max([observed, *(x.rps for x in hist if x.t_s > now_s - lat_w)])
+        util = load * corr / cap if cap > 0 else None  # against the corrected table
+        if dm.capacity_settled(spec.name, own, panic, now_s, max(cfg.short_window_s, lat_w or 0.0)):
             corr, _ = dm.update_correction(
                 corr, sig.p99_ms, cfg.slo_p99_ms.get(name), util, sig.latency_is_average, cfg.correction
             )
@@ -557,18 +563,20 @@ def _held_rps(peaks: tuple, now_s: float, config: PolicyConfig) -> float | None:
 class _Prediction:
     floor: float | None
     burst: float | None
+    hold: float | None
     headroom: float
     required: float | None
 
 
 def _predict(seen: _Seen, cfg: PolicyConfig, now_s: float) -> _Prediction:
-    """required = max(floor, burst), each x correction x (1 + headroom).
+    """required = max(floor, burst, hold).
 
     floor: the forecaster's envelope over the reaction horizon. burst: what the
     fast signals show arriving now plus the backlog (``burst.demand``); without
     fast signals, the metrics window's demand, saturation guess included, plays
     that part. Neither feeds back into the forecaster, so a burst never ratchets
-    the floor."""
+    the floor. hold: the long window's demand x correction x (1 + headroom), capped
+    at the capacity that runs, so it can keep replicas but never add one."""
     hroom = fc.current(seen.headroom, cfg.headroom_learning)
     floor = seen.envelope * seen.corr * (1.0 + hroom) if seen.envelope is not None else None
     fast = seen.sig.fast if seen.sig is not None else None
@@ -579,8 +587,21 @@ def _predict(seen: _Seen, cfg: PolicyConfig, now_s: float) -> _Prediction:
     # 5 s sample above the floor is no reason for a replica. No headroom on top: the
     # layer asks for what arrives now, and the floor catches up behind it.
     burst = bdem * seen.corr if bdem is not None and bdem > seen.cap else None
-    vals = [v for v in (floor, burst) if v is not None]
-    return _Prediction(floor, burst, hroom, max(vals) if vals else None)
+    # The demand the long window measured may keep what runs, never add to it: the
+    # level lags a rise by its time constant, and a floor still below what already
+    # arrives would take the headroom away while the load holds. On make demo's
+    # 40 -> 174 req/s rise the floor asked for 3 of resnet's 4 replicas for 25 s and
+    # only the scale-down window kept the fourth (one run lost it at 63 s and made it
+    # again at 68 s). Adding, it stays the floor's and the burst layer's job.
+    # Only from measured rates: a saturation guess in the window would hold what it
+    # asked for, as a guess fed to the forecaster would ratchet the floor.
+    est = seen.est
+    hold = None
+    measured_only = not any(x.guess for x in seen.hist if x.t_s > now_s - cfg.long_window_s)
+    if est is not None and est.long_rps is not None and measured_only and seen.cap > 0:
+        hold = min(est.long_rps * seen.corr * (1.0 + hroom), seen.cap)
+    vals = [v for v in (floor, burst, hold) if v is not None]
+    return _Prediction(floor, burst, hold, hroom, max(vals) if vals else None)
 
 
 def decide(
@@ -690,6 +711,7 @@ def decide(
             forecast_rps=seen.envelope,
             floor_rps=pred.floor,
             burst_rps=pred.burst,
+            hold_rps=pred.hold,
             headroom=pred.headroom,
             headroom_learned=seen.headroom.value is not None,
             headroom_quantile=config.headroom_quantile,

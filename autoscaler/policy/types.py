@@ -144,6 +144,10 @@ class ModelSignals:
     p95_ms: float | None = None
     p99_ms: float | None = None
     latency_is_average: bool = False  # True: p*_ms hold the counter average, no summaries
+    # How far back p*_ms reach when that is longer than the metrics window: Triton keeps
+    # its summaries' quantiles over a sliding window (``observe.queries.SUMMARY_WINDOW_S``).
+    # None: the quantiles cover the metrics window, as the rates do.
+    latency_window_s: float | None = None
     pending: float | None = None  # queued requests (gauge)
     avg_batch: float | None = None
     ready_replicas: int | None = None  # replicas that reported this window

@@ -63,6 +63,32 @@ def test_capacity_ratio_matches_emulated_speed_curve(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_poisson_arrivals_find_a_lower_capacity_that_meets_the_slo(tmp_path):
+    # Independent users' requests bunch: at the closed-loop capacity (4 in flight, batches
+    # of 4) the batching replica misses a 150 ms p99 under Poisson arrivals, so the search
+    # must land below it, on a rate whose own p99 met the SLO.
+    models, cluster = write_configs(tmp_path, p99_ms=150)
+    out = tmp_path / "capacity.yaml"
+    p = subprocess.run([MIGSCALE, "profile", str(models), str(cluster), "--profiles", "1g.10gb",
+                        "--out", str(out), "--point-s", "2", "--min-requests", "100", "--max-concurrency", "16",
+                        "--arrivals", "poisson", "--open-requests", "300", "--refine", "2"],
+                       capture_output=True, text=True, check=False, timeout=280, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    doc = yaml.safe_load(out.read_text())
+    m = doc["measured"]["resnet"]["1g.10gb"]
+    assert m["arrivals"] == "poisson" and doc["run"]["arrivals"] == "poisson"
+    closed, cap = m["closed_loop_capacity_rps"], m["capacity_rps"]
+    pts = m["poisson_points"]
+    assert closed is not None and cap is not None, m
+    assert pts[0]["offered_rps"] == pytest.approx(closed, abs=0.01)  # the closed-loop capacity is tried first
+    assert pts[0]["p99_ms"] > 150, m  # and missed: the bunching costs capacity
+    assert cap < closed
+    at = [pt for pt in pts if pt["offered_rps"] == cap]
+    assert at and at[0]["p99_ms"] <= 150 and at[0]["errors"] == 0
+    assert all(pt["requests"] + pt["errors"] >= 300 or pt["unstable"] for pt in pts)
+    assert load_capacity_file(out)["resnet"]["1g.10gb"] == pytest.approx(cap, abs=0.1)  # what the planner reads
+
+
 def test_slo_no_profile_can_meet_exits_3(tmp_path):
     # 1g pads a batch of one to 31.4 ms: a 5 ms p99 is out of reach at any concurrency.
     models, cluster = write_configs(tmp_path, p99_ms=5)

@@ -413,6 +413,60 @@ def test_correction_learns_nothing_from_a_replica_ready_less_than_a_window_ago()
     assert h.state.diagnostics["a"].correction > 1.0  # steady for a short window: it learns
 
 
+def test_a_summary_p99_waits_its_own_window_after_a_scale_up():
+    # Triton's summaries keep a minute of quantiles: 25 s after a-1 became ready the p99
+    # still holds the one-replica overload before it, so the short window is not enough.
+    cfg = config(short_window_s=20, long_window_s=60)
+    reps = (Replica("a-0", "a", PROFILE, "node-a/0", 0, ReplicaState.READY, since_s=0.0),
+            Replica("a-1", "a", PROFILE, "node-a/0", 1, ReplicaState.READY, since_s=50.0),
+            Replica("b-0", "b", PROFILE, "node-a/0", 2, ReplicaState.READY),
+            Replica("b-1", "b", PROFILE, "node-a/0", 3, ReplicaState.READY))
+    h = Harness(cfg, single_gpu_cluster(replicas=reps))
+    for t in (75, 90, 105):
+        h.step(t, {"a": sig("a", 70, t, p99_ms=100.0, latency_window_s=60.0), "b": sig("b", 100 / 1.2, t)})
+        assert h.state.diagnostics["a"].correction == 1.0, t
+    h.step(115, {"a": sig("a", 70, 115, p99_ms=100.0, latency_window_s=60.0), "b": sig("b", 100 / 1.2, 115)})
+    assert h.state.diagnostics["a"].correction > 1.0  # steady for the summary's minute: it learns
+
+
+@pytest.mark.parametrize("window", [None, 60.0])
+def test_a_summary_p99_is_judged_against_the_load_of_its_whole_window(window):
+    # Capacity steady at 100 req/s; 150 req/s 30 s ago, 70 now, p99 still over the SLO.
+    # A p99 over the metrics window describes the 70 (an optimistic table); one over a
+    # minute still holds the overload, which says nothing about the table.
+    h = Harness(config(models=(spec("a", hi=2), spec("b")), short_window_s=10, long_window_s=60), cluster(a=2))
+    h.step(0, {"a": sig("a", 150, 0, latency_window_s=window), "b": sig("b", 100 / 1.2, 0)})
+    for t in (30, 35):
+        h.step(t, {"a": sig("a", 70, t, p99_ms=100.0, latency_window_s=window), "b": sig("b", 100 / 1.2, t)})
+    learned = h.state.diagnostics["a"].correction > 1.0
+    assert learned is (window is None)
+
+
+def test_the_long_window_demand_keeps_replicas_the_lagging_floor_would_remove():
+    # 40 req/s for 5 minutes, then a rise to 150 (50 req/s per replica). The burst layer
+    # adds the third replica; the level then lags the rise by its time constant, and a
+    # floor of 96.7 req/s would take that replica away at once (no scale-down window
+    # here) while 150 arrive. The long window's demand keeps it, and never adds one.
+    cfg = config(short_window_s=10, long_window_s=30,
+                 scale_down=ScalingRules(0, SelectPolicy.MAX, DEFAULT_SCALE_UP.policies[:1]))
+    h = Harness(cfg, cluster(a=1))
+    for t in range(0, 300, 5):
+        h.step(t, {"a": sig("a", 40, t), "b": sig("b", 100 / 1.2, t)})
+    h.step(300, {"a": sig("a", 100, 300), "b": sig("b", 100 / 1.2, 300)})
+    counts = []
+    for t in range(305, 360, 5):
+        cap = 50.0 * h.count("a")
+        h.step(t, {"a": sig("a", 150, t), "b": sig("b", 100 / 1.2, t)})
+        d = h.state.diagnostics["a"]
+        counts.append(h.count("a"))
+        if d.hold_rps is not None:
+            assert d.hold_rps == pytest.approx(min(d.demand_long_rps * 1.2, cap))  # at most what runs
+            assert d.required_rps >= d.hold_rps
+    assert counts[0] == 3
+    assert counts == sorted(counts), counts  # never fewer while the load holds
+    assert h.state.diagnostics["a"].floor_rps > 150  # the floor caught up and took over
+
+
 def test_a_saturation_guess_scales_up_but_never_feeds_the_floor():
     # 100 req/s served on 100 req/s of capacity with 2000 queued: demand reads
     # 100 + 2000 / 10 s = 300, a guess. Without fast signals it plays the burst

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autoscaler.runtime.profile import (
+    Arrivals,
     ProfileResult,
     StopReason,
     SweepPoint,
@@ -12,6 +13,8 @@ from autoscaler.runtime.profile import (
     capacity_at_slo,
     capacity_document,
     concurrency_levels,
+    open_capacity_at_slo,
+    rate_search,
     sweep,
     triton_counters,
 )
@@ -96,3 +99,64 @@ def test_triton_counters_and_avg_batch():
     # missing counters or no executions: unknown, never 0
     assert avg_batch({}, after) is None
     assert avg_batch(before, before) is None
+
+
+def opt(rate, p99, errors=0):
+    return SweepPoint(concurrency=0, requests=1000, errors=errors, duration_s=1000 / rate, throughput_rps=rate,
+                      p50_ms=p99 / 2, p95_ms=p99 * 0.9, p99_ms=p99, avg_batch=1.0, offered_rps=rate)
+
+
+class PoissonReplica:
+    """p99 as a function of the offered rate; records the rates asked for."""
+
+    def __init__(self, p99_at, errors_above=None):
+        self.p99_at = p99_at
+        self.errors_above = errors_above
+        self.calls: list[float] = []
+
+    def measure_rate(self, rate):
+        self.calls.append(rate)
+        errs = 5 if self.errors_above is not None and rate > self.errors_above else 0
+        return opt(rate, self.p99_at(rate), errs)
+
+
+def test_rate_search_keeps_the_closed_loop_capacity_when_poisson_meets_it():
+    r = PoissonReplica(lambda x: 90.0)
+    points = rate_search(r.measure_rate, 100, 64.0)
+    assert r.calls == [64.0]
+    assert open_capacity_at_slo(points, 100) == 64.0
+
+
+def test_rate_search_bisects_below_a_missed_closed_loop_capacity():
+    # p99 crosses the 150 ms SLO at 40 req/s (the emulated 1g resnet's shape, measured)
+    r = PoissonReplica(lambda x: 150.0 * x / 40.0)
+    points = rate_search(r.measure_rate, 150, 64.0, refine=4)
+    assert r.calls == [64.0, 32.0, 48.0, 40.0, 44.0]
+    cap = open_capacity_at_slo(points, 150)
+    assert cap == 40.0  # p99 exactly at the SLO meets it
+    assert 40.0 - 64.0 / 16 <= cap <= 40.0
+
+
+def test_rate_search_counts_errors_as_a_miss_and_none_when_nothing_meets():
+    r = PoissonReplica(lambda x: 10.0, errors_above=20.0)
+    points = rate_search(r.measure_rate, 100, 64.0, refine=3)
+    assert r.calls == [64.0, 32.0, 16.0, 24.0]
+    assert open_capacity_at_slo(points, 100) == 16.0
+    never = PoissonReplica(lambda x: 500.0)
+    assert open_capacity_at_slo(rate_search(never.measure_rate, 100, 64.0, refine=2), 100) is None
+    assert never.calls == [64.0, 32.0, 16.0]
+
+
+def test_poisson_result_reports_the_open_loop_capacity_and_keeps_both_curves():
+    closed = [pt(1, 30, 35), pt(2, 55, 45), pt(4, 64.5, 64), pt(8, 65, 183)]
+    res = ProfileResult("resnet", "1g.10gb", 150, closed, StopReason.LATENCY, arrivals=Arrivals.POISSON,
+                        open_points=[opt(64.5, 257), opt(32.25, 129), opt(48.4, 176), opt(40.3, 147.5)])
+    assert res.closed_capacity_rps == 64.5
+    assert res.capacity_rps == 40.3
+    doc = capacity_document([res])
+    assert doc["models"] == {"resnet": {"1g.10gb": 40.3}}
+    d = doc["measured"]["resnet"]["1g.10gb"]
+    assert d["arrivals"] == "poisson" and d["closed_loop_capacity_rps"] == 64.5
+    assert d["at_concurrency"] is None and len(d["poisson_points"]) == 4
+    # closed arrivals (the default) are unchanged: the concurrency sweep's capacity
+    assert ProfileResult("resnet", "1g.10gb", 150, closed).capacity_rps == 64.5

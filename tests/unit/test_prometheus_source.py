@@ -12,7 +12,7 @@ import urllib.parse
 import pytest
 
 from autoscaler.observe.prometheus import PREFETCH_MAX_AGE_S, PrometheusSource, PrometheusUnavailable
-from autoscaler.observe.queries import Queries, promql_duration
+from autoscaler.observe.queries import SUMMARY_WINDOW_S, Queries, promql_duration
 
 NOW = 1_700_000_000.0
 W = 30.0
@@ -113,6 +113,7 @@ def test_reads_every_signal_with_sample_time(prom):
     assert (s.request_rate, s.success_rate, s.failure_rate) == (120.5, 120.0, 0.5)
     assert (s.avg_queue_ms, s.avg_compute_ms, s.queue_compute_ratio) == (2.5, 4.0, 0.6)
     assert (s.p50_ms, s.p95_ms, s.p99_ms, s.latency_is_average) == (5.0, 9.0, 12.0, False)
+    assert s.latency_window_s == SUMMARY_WINDOW_S  # a summary's quantiles reach a minute back
     assert (s.pending, s.avg_batch, s.ready_replicas) == (3, 4.0, 2)
     assert reps["resnet-1"].busy_fraction == 0.45 and reps["resnet-1"].gr_engine_active == 0.4
     assert reps["resnet-2"].gr_engine_active is None  # no DCGM series for its pod
@@ -128,7 +129,7 @@ def test_falls_back_to_average_latency_without_summaries(prom):
     for n in ("p50_ms", "p95_ms", "p99_ms"):
         prom.answers[Q.render(n, W)] = []
     s = src(prom).read(["resnet"], [], NOW)[0]["resnet"]
-    assert s.p99_ms == 6.0 and s.latency_is_average
+    assert s.p99_ms == 6.0 and s.latency_is_average and s.latency_window_s is None  # the rate window
 
 
 @pytest.mark.parametrize("bad", ["NaN", "+Inf", "-Inf", "-1", "1e30"])

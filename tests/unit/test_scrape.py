@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from autoscaler.observe.queries import SUMMARY_WINDOW_S
 from autoscaler.observe.scrape import ScrapeSource, counter_increase, parse_exposition
 
 
@@ -129,6 +130,7 @@ def test_rates_and_averages_over_the_window():
     assert s.avg_batch == 8
     assert s.pending == 7
     assert s.p99_ms == pytest.approx(6.0) and s.latency_is_average  # no summaries: the mean, flagged
+    assert s.latency_window_s is None
     assert s.ready_replicas == 1
     assert reps["r1"].busy_fraction == pytest.approx(0.2)  # 2 s of compute in 10 s
 
@@ -153,7 +155,7 @@ def test_summary_quantiles_preferred():
     models, _ = src.read(["resnet"], [], 10.0)
     s = models["resnet"]
     assert (s.p50_ms, s.p95_ms, s.p99_ms) == (1.0, 2.0, 5.0)  # worst replica
-    assert not s.latency_is_average
+    assert not s.latency_is_average and s.latency_window_s == SUMMARY_WINDOW_S
     assert s.request_rate == 20 and s.ready_replicas == 2
 
 
