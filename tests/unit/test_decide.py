@@ -400,13 +400,18 @@ def test_correction_learns_nothing_while_capacity_is_still_starting():
     assert h.state.diagnostics["a"].correction == 1.0
 
 
-def test_correction_learns_nothing_from_a_replica_ready_less_than_a_window_ago():
+def scaled_up_at_50():
+    """Model a with a-0 ready since 0 and a-1 since 50 s; 20 s short and 60 s long windows."""
     cfg = config(short_window_s=20, long_window_s=60)
     reps = (Replica("a-0", "a", PROFILE, "node-a/0", 0, ReplicaState.READY, since_s=0.0),
             Replica("a-1", "a", PROFILE, "node-a/0", 1, ReplicaState.READY, since_s=50.0),
             Replica("b-0", "b", PROFILE, "node-a/0", 2, ReplicaState.READY),
             Replica("b-1", "b", PROFILE, "node-a/0", 3, ReplicaState.READY))
-    h = Harness(cfg, single_gpu_cluster(replicas=reps))
+    return Harness(cfg, single_gpu_cluster(replicas=reps))
+
+
+def test_correction_learns_nothing_from_a_replica_ready_less_than_a_window_ago():
+    h = scaled_up_at_50()
     h.step(60, {"a": sig("a", 70, 60, p99_ms=100.0), "b": sig("b", 100 / 1.2, 60)})
     assert h.state.diagnostics["a"].correction == 1.0  # a-1 ready for 10 s < the 20 s short window
     h.step(75, {"a": sig("a", 70, 75, p99_ms=100.0), "b": sig("b", 100 / 1.2, 75)})
@@ -416,12 +421,7 @@ def test_correction_learns_nothing_from_a_replica_ready_less_than_a_window_ago()
 def test_a_summary_p99_waits_its_own_window_after_a_scale_up():
     # Triton's summaries keep a minute of quantiles: 25 s after a-1 became ready the p99
     # still holds the one-replica overload before it, so the short window is not enough.
-    cfg = config(short_window_s=20, long_window_s=60)
-    reps = (Replica("a-0", "a", PROFILE, "node-a/0", 0, ReplicaState.READY, since_s=0.0),
-            Replica("a-1", "a", PROFILE, "node-a/0", 1, ReplicaState.READY, since_s=50.0),
-            Replica("b-0", "b", PROFILE, "node-a/0", 2, ReplicaState.READY),
-            Replica("b-1", "b", PROFILE, "node-a/0", 3, ReplicaState.READY))
-    h = Harness(cfg, single_gpu_cluster(replicas=reps))
+    h = scaled_up_at_50()
     for t in (75, 90, 105):
         h.step(t, {"a": sig("a", 70, t, p99_ms=100.0, latency_window_s=60.0), "b": sig("b", 100 / 1.2, t)})
         assert h.state.diagnostics["a"].correction == 1.0, t
