@@ -114,20 +114,24 @@ def emulated_max_batch_rps(profile: str, max_batch: int | None = None) -> float:
     return max_batch / ((emu["batch1_ms"][key] + emu["per_item_ms"][key] * (max_batch - 1)) / 1000.0)
 
 
+def scaled_to_profiles(rate_1g: float) -> dict[str, float]:
+    """A 1g figure carried to every profile by the emulated max-batch throughput curve."""
+    base = emulated_max_batch_rps("1g.10gb")
+    return {p: rate_1g * emulated_max_batch_rps(p) / base for p in CAPACITY}
+
+
 def service_rates(capacity_1g_rps: float) -> dict[str, float]:
     """Per-profile M/M/1 service rate from the measured 1g capacity at the SLO under Poisson
     arrivals, scaled to the other profiles by the emulated curve."""
     from autoscaler.sim.queueing import service_rate
 
-    base = emulated_max_batch_rps("1g.10gb")
-    return {p: service_rate(capacity_1g_rps * emulated_max_batch_rps(p) / base, SLO_MS) for p in CAPACITY}
+    return {p: service_rate(c, SLO_MS) for p, c in scaled_to_profiles(capacity_1g_rps).items()}
 
 
 def saturation_service_rates(saturation_1g_rps: float) -> dict[str, float]:
     """The other reading of the same replica: an M/M/1 whose service rate is its measured
     saturation throughput (faster than the SLO reading at every load below saturation)."""
-    base = emulated_max_batch_rps("1g.10gb")
-    return {p: saturation_1g_rps * emulated_max_batch_rps(p) / base for p in CAPACITY}
+    return scaled_to_profiles(saturation_1g_rps)
 
 
 def measure_poisson_capacity(url_http: str, url_metrics: str, upper_rps: float,
