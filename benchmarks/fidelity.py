@@ -42,7 +42,6 @@ import argparse
 import functools
 import json
 import queue
-import re
 import sys
 import threading
 import time
@@ -93,11 +92,13 @@ def policy() -> PolicyConfig:
 
 @functools.cache
 def max_batch_size() -> int:
-    """The resnet replica's ``max_batch_size`` (its ``config.pbtxt``; the dynamic batcher is on)."""
-    m = re.search(r"^max_batch_size:\s*(\d+)", (REPO / "resnet" / "config.pbtxt").read_text(), re.MULTILINE)
-    if m is None:
-        raise ValueError(f"no max_batch_size in {REPO / 'resnet' / 'config.pbtxt'}")
-    return int(m.group(1))
+    """The largest batch the resnet replica's dynamic batcher forms (its ``config.pbtxt``)."""
+    from autoscaler.config import triton_max_batch
+
+    b = triton_max_batch(REPO / "resnet")
+    if b is None:
+        raise ValueError(f"no config.pbtxt in {REPO / 'resnet'}")
+    return b
 
 
 @functools.cache

@@ -7,13 +7,16 @@ cross-file checks. Import the public API from here.
 """
 
 from autoscaler.config.build import (
+    MeasuredReplica,
     capacity_table,
     initial_cluster_state,
     load_capacity_file,
     load_demand,
-    measured_service_rates,
+    measured_replicas,
+    model_max_batches,
     model_specs,
     policy_config,
+    triton_max_batch,
     validate_pair,
 )
 from autoscaler.config.schema import (
@@ -34,6 +37,7 @@ __all__ = [
     "ClusterConfig",
     "ConfigError",
     "GpuConfig",
+    "MeasuredReplica",
     "ModelConfig",
     "ModelsConfig",
     "PolicyConfig",
@@ -44,10 +48,12 @@ __all__ = [
     "load_demand",
     "load_models",
     "load_yaml",
-    "measured_service_rates",
+    "measured_replicas",
+    "model_max_batches",
     "model_specs",
     "parse_cluster",
     "parse_models",
     "policy_config",
+    "triton_max_batch",
     "validate_pair",
 ]

@@ -10,7 +10,9 @@ Import these from ``autoscaler.config``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,16 +57,58 @@ def load_capacity_file(path: str | Path) -> dict[str, dict[str, float]]:
     return out
 
 
-def measured_service_rates(models: ModelsConfig) -> dict[str, dict[str, float]]:
-    """Saturation throughput per model and profile from the ``measured`` sweeps of capacity files.
+@dataclass(frozen=True)
+class MeasuredReplica:
+    """What ``migscale profile`` measured of one replica on one profile (a capacity file's
+    ``measured`` block): the world the simulator serves, while the policy plans with the table.
 
-    ``migscale profile`` keeps every sweep point; the highest error-free
-    throughput is what one replica serves flat out -- the service rate the
-    simulator's world uses instead of deriving one from the capacity table
-    (the table is the policy's belief, the sweep is what the replica did).
-    A file without sweeps (hand-written) gives nothing: the table is used.
-    """
-    out: dict[str, dict[str, float]] = {}
+    ``saturation_rps``: the closed-loop sweep's highest error-free throughput, the replica
+    flat out. ``poisson_capacity_rps``: with ``--arrivals poisson``, the highest Poisson
+    rate whose p99 met ``slo_p99_ms`` -- the arrivals online traffic sends. None: not
+    measured."""
+
+    saturation_rps: float | None
+    poisson_capacity_rps: float | None = None
+    slo_p99_ms: float | None = None
+
+
+def _number(v: Any, *, positive: bool) -> bool:
+    return (not isinstance(v, bool) and isinstance(v, (int, float)) and v < float("inf")
+            and (v > 0 if positive else v >= 0))
+
+
+def _measured_replica(result: Any, at: str, problems: list[str]) -> MeasuredReplica | None:
+    if not isinstance(result, dict):
+        return None
+    best = 0.0
+    points = result.get("points")
+    for i, pt in enumerate(points if isinstance(points, list) else ()):
+        thr = pt.get("throughput_rps") if isinstance(pt, dict) else None
+        if not _number(thr, positive=False):
+            problems.append(f"{at}.points[{i}].throughput_rps: must be a number >= 0, got {short(thr)}")
+        elif not pt.get("errors"):
+            best = max(best, float(thr))
+    poisson = slo = None
+    if result.get("arrivals") == "poisson":
+        # the profiler's own summary of its Poisson search (``capacity_rps``), never recomputed here
+        cap, slo_ms = result.get("capacity_rps"), result.get("slo_p99_ms")
+        if cap is not None and not _number(cap, positive=True):
+            problems.append(f"{at}.capacity_rps: must be a number > 0 or null, got {short(cap)}")
+        elif cap is not None and not _number(slo_ms, positive=True):
+            problems.append(f"{at}.slo_p99_ms: must be a number > 0 beside a Poisson capacity, got {short(slo_ms)}")
+        elif cap is not None:
+            poisson, slo = float(cap), float(slo_ms)
+    if best <= 0 and poisson is None:
+        return None
+    return MeasuredReplica(best if best > 0 else None, poisson, slo)
+
+
+def measured_replicas(models: ModelsConfig) -> dict[str, dict[str, MeasuredReplica]]:
+    """Per model and profile, what the ``measured`` block of its capacity file holds.
+
+    ``migscale profile`` keeps every sweep point; a file without them (hand-written)
+    gives nothing, and the table is then both the policy's belief and the world."""
+    out: dict[str, dict[str, MeasuredReplica]] = {}
     for m in models.models:
         if not m.capacity_file:
             continue
@@ -78,21 +122,42 @@ def measured_service_rates(models: ModelsConfig) -> dict[str, dict[str, float]]:
             continue
         problems: list[str] = []
         for prof, result in per_profile.items():
-            points = result.get("points") if isinstance(result, dict) else None
-            if not isinstance(points, list):
-                continue
-            best = 0.0
-            for i, pt in enumerate(points):
-                thr = pt.get("throughput_rps") if isinstance(pt, dict) else None
-                if isinstance(thr, bool) or not isinstance(thr, (int, float)) or not 0 <= thr < float("inf"):
-                    problems.append(f"{path}: measured.{m.name}.{prof}.points[{i}].throughput_rps: "
-                                    f"must be a number >= 0, got {short(thr)}")
-                elif not pt.get("errors"):
-                    best = max(best, float(thr))
-            if best > 0:
-                out.setdefault(m.name, {})[str(prof)] = best
+            got = _measured_replica(result, f"{path}: measured.{m.name}.{prof}", problems)
+            if got is not None:
+                out.setdefault(m.name, {})[str(prof)] = got
         if problems:
             raise ConfigError(problems, path)
+    return out
+
+
+_PBTXT_COMMENT = re.compile(r"#[^\n]*")
+_MAX_BATCH = re.compile(r"^\s*max_batch_size\s*:\s*(-?\d+)", re.MULTILINE)
+_DYNAMIC = re.compile(r"^\s*dynamic_batching\s*\{", re.MULTILINE)
+
+
+def triton_max_batch(model_dir: str | Path) -> int | None:
+    """The largest batch Triton forms from separate requests for the model in ``model_dir``:
+    its ``config.pbtxt``'s ``max_batch_size`` when the dynamic batcher is on, else 1 (without
+    ``dynamic_batching`` each request runs as sent; ``max_batch_size: 0`` cannot batch).
+    None: no ``config.pbtxt`` there. Raises ConfigError on a negative ``max_batch_size``."""
+    path = Path(model_dir) / "config.pbtxt"
+    if not path.is_file():
+        return None
+    text = _PBTXT_COMMENT.sub("", path.read_text())
+    m = _MAX_BATCH.search(text)
+    size = int(m.group(1)) if m else 0
+    if size < 0:
+        raise ConfigError([f"{path}: max_batch_size: must be >= 0, got {size}"], path)
+    return max(size, 1) if _DYNAMIC.search(text) else 1
+
+
+def model_max_batches(models: ModelsConfig) -> dict[str, int]:
+    """``triton_max_batch`` of every model whose ``model_dir`` holds a Triton config."""
+    out: dict[str, int] = {}
+    for m in models.models:
+        b = triton_max_batch(models.resolve(m.model_dir))
+        if b is not None:
+            out[m.name] = b
     return out
 
 

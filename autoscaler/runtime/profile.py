@@ -421,12 +421,7 @@ class TritonMeasurer:
             stopping = True
             await asyncio.gather(*tasks, return_exceptions=True)
             await client.close()
-        dur = t_end - t_start
-        arr = np.asarray(lat_ms[:n]) if n else None
-        pct = (lambda q: float(np.percentile(arr, q))) if arr is not None else (lambda q: None)
-        return SweepPoint(concurrency=concurrency, requests=n, errors=n_err, duration_s=dur,
-                          throughput_rps=n / dur if dur > 0 else 0.0, p50_ms=pct(50), p95_ms=pct(95),
-                          p99_ms=pct(99), avg_batch=avg_batch(before, after), unstable=unstable)
+        return _point(lat_ms[:n], n_err, t_end - t_start, before, after, unstable, concurrency=concurrency)
 
     def measure_rate(self, rate_rps: float, seed: int = 0) -> SweepPoint:
         return asyncio.run(self._measure_rate(rate_rps, seed))
@@ -495,11 +490,16 @@ class TritonMeasurer:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await client.close()
-        dur = t_end - t_start
-        n = len(lat_ms)
-        arr = np.asarray(lat_ms) if n else None
-        pct = (lambda q: float(np.percentile(arr, q))) if arr is not None else (lambda q: None)
-        return SweepPoint(concurrency=0, requests=n, errors=errors, duration_s=dur,
-                          throughput_rps=n / dur if dur > 0 else 0.0, p50_ms=pct(50), p95_ms=pct(95),
-                          p99_ms=pct(99), avg_batch=avg_batch(before, after), unstable=unstable,
-                          offered_rps=rate_rps)
+        return _point(lat_ms, errors, t_end - t_start, before, after, unstable, offered_rps=rate_rps)
+
+
+def _point(lat_ms: Sequence[float], errors: int, dur: float, before: dict[str, float], after: dict[str, float],
+           unstable: bool, *, concurrency: int = 0, offered_rps: float | None = None) -> SweepPoint:
+    """One measured point from its window's latencies and Triton's counters around it."""
+    n = len(lat_ms)
+    arr = np.asarray(lat_ms) if n else None
+    pct = (lambda q: float(np.percentile(arr, q))) if arr is not None else (lambda q: None)
+    return SweepPoint(concurrency=concurrency, requests=n, errors=errors, duration_s=dur,
+                      throughput_rps=n / dur if dur > 0 else 0.0, p50_ms=pct(50), p95_ms=pct(95),
+                      p99_ms=pct(99), avg_batch=avg_batch(before, after), unstable=unstable,
+                      offered_rps=offered_rps)

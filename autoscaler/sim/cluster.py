@@ -75,6 +75,7 @@ class SimCluster(SimActions, SimMetrics):
         config: SimConfig | None = None,
         *,
         service_rps: Mapping[str, Mapping[str, float]] | None = None,
+        max_batch: Mapping[str, int] | None = None,
         record_sojourns: bool = False,
     ) -> None:
         """``service_rps``: the world's true service rate per model and profile,
@@ -82,12 +83,17 @@ class SimCluster(SimActions, SimMetrics):
         ``benchmarks/fidelity.py``). Without it the rate is derived from the
         capacity table, which is then both the policy's belief and the world's
         truth; with it the two can differ, as they do when a table is an
-        estimate. ``record_sojourns`` keeps each step's per-replica sojourn
+        estimate. ``max_batch``: per model, the largest batch its dynamic batcher forms
+        (the model's ``config.pbtxt``); models not named take ``config.max_batch``.
+        ``record_sojourns`` keeps each step's per-replica sojourn
         distribution so ``sojourn_quantile`` can give the exact quantile over a
         phase (costs memory; the fidelity comparison uses it, the 24 h
         benchmark does not)."""
         self.config = config or SimConfig()
         self.service_rps = {m: dict(v) for m, v in (service_rps or {}).items()}
+        bad = {m: b for m, b in (max_batch or {}).items() if not (isinstance(b, int) and b >= 1)}
+        if bad:
+            raise ValueError(f"max_batch: must be integers >= 1, got {bad}")
         # per step: model index -> (arrivals per replica, exponential sojourn rate per replica)
         self._sojourns: list[dict[int, tuple[np.ndarray, np.ndarray]]] | None = [] if record_sojourns else None
         self.clock = clock
@@ -98,6 +104,7 @@ class SimCluster(SimActions, SimMetrics):
         if missing:
             raise ValueError(f"slo_ms: no p99 target for models {missing}")
         self.slo_s = np.array([slo_ms[m] / 1000.0 for m in self.models])
+        self.max_batch = np.array([float((max_batch or {}).get(m, self.config.max_batch)) for m in self.models])
         self.gpus: dict[str, GpuState] = {g.id: g for g in initial.gpus}
         self._reps: dict[str, SimReplica] = {}
         self._repart: dict[str, Repartition] = {}
@@ -210,7 +217,7 @@ class SimCluster(SimActions, SimMetrics):
             done = np.bincount(mi, weights=np.maximum(a_i - (x_raw - x0), 0.0), minlength=n)
             dropped = np.bincount(mi, weights=x_raw - x1, minlength=n)
             wait = np.bincount(mi, weights=a_i * xm / mu, minlength=n)
-            batch = q.mean_batch(xm, self.config.max_batch)
+            batch = q.mean_batch(xm, self.max_batch[mi])
             comp = np.bincount(mi, weights=a_i * batch / mu, minlength=n)
             p99 = q.quantile_s(xm, mu, 0.99)
             p99w = np.bincount(mi, weights=a_i * p99, minlength=n)

@@ -52,6 +52,21 @@ def service_rate(capacity_rps: float, slo_ms: float) -> float:
     return capacity_rps + LN100 / (slo_ms / 1000.0)
 
 
+def profiled_service_rate(saturation_rps: float | None, poisson_capacity_rps: float | None = None,
+                          slo_ms: float | None = None) -> float | None:
+    """The world's service rate for a replica ``migscale profile`` measured.
+
+    With a capacity-at-SLO under Poisson arrivals, the M/M/1 that meets the SLO exactly
+    there (``service_rate``): the calibration every capacity table gets, from the arrivals
+    this queue models. Else the saturation throughput: a closed-loop sweep's capacity is
+    no Poisson capacity (on the emulated resnet's 1g slice, 64.5 req/s closed-loop against
+    40.3 under Poisson, docs/profile-throughput.md), and the saturation reading, 81 req/s,
+    is the nearer of the two to the Poisson calibration's 71. None: nothing measured."""
+    if poisson_capacity_rps is not None and slo_ms is not None:
+        return service_rate(poisson_capacity_rps, slo_ms)
+    return saturation_rps
+
+
 def step_x(x: np.ndarray, lam: np.ndarray, mu: np.ndarray, dt: float) -> np.ndarray:
     """Mean number in system after ``dt`` seconds at arrival rate ``lam`` (implicit Euler on PSFFA).
 
@@ -92,14 +107,14 @@ def busy(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + x)
 
 
-def mean_batch(x: np.ndarray, max_batch: int) -> np.ndarray:
+def mean_batch(x: np.ndarray, max_batch: np.ndarray | float) -> np.ndarray:
     """Mean batch a dynamic batcher runs when the replica holds ``x``: the queue it finds
     on freeing up (``x`` less the busy share in service), between 1 and ``max_batch``.
 
     Worked number: at 70 req/s on a replica serving 81 req/s, x = 70 / 11 = 6.4, of
     which 5.5 wait -> batches of 5.5 requests, each reporting 5.5 / 81 s = 68 ms of
     compute (the emulated resnet's batch of 5.5 takes 31.4 + 4.5 x 9.5 = 74 ms)."""
-    return np.clip(x - busy(x), 1.0, float(max_batch))
+    return np.clip(x - busy(x), 1.0, max_batch)
 
 
 # ------------------------------------------------------------------ reference

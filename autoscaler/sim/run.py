@@ -37,6 +37,7 @@ from autoscaler.driver import Driver, Hooks
 from autoscaler.mig import Placement, get_product
 from autoscaler.policy.types import ClusterState, GpuState, ModelSpec, Replica, ReplicaState
 from autoscaler.sim import baselines as bl
+from autoscaler.sim import queueing as q
 from autoscaler.sim.cluster import SimCluster, SimConfig
 from autoscaler.sim.drivers import HpaDriver, WindowedMaxDriver
 from autoscaler.sim.traces import Trace
@@ -82,6 +83,7 @@ class Result:
     errors: list[str] = field(default_factory=list)
     timeline: Timeline | None = None
     measured_service: list[str] = field(default_factory=list)  # models served at profiled rates
+    max_batch: dict[str, int] = field(default_factory=dict)  # models batched as their config.pbtxt says
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,6 +98,7 @@ class Result:
             "wall_s": round(self.wall_s, 3),
             "errors": len(self.errors),
             "measured_service_rates": self.measured_service,
+            "max_batch": self.max_batch,
         }
 
 
@@ -117,10 +120,19 @@ def simulate(
     """Simulate from config objects (``config.load_models`` / ``config.load_cluster``).
 
     Where a model's ``capacity_file`` holds ``migscale profile`` sweeps, the
-    simulated replicas serve at the measured saturation throughput (the world
-    as profiled) while the policy keeps planning with the capacity table.
+    simulated replicas serve at the measured rate (``queueing.profiled_service_rate``:
+    the Poisson capacity-at-SLO when profiled with Poisson arrivals, else the
+    saturation throughput) while the policy keeps planning with the capacity table;
+    where its ``model_dir`` holds a Triton ``config.pbtxt``, its replicas batch as
+    that config says (``config.triton_max_batch``).
     """
-    from autoscaler.config import initial_cluster_state, measured_service_rates, model_specs, policy_config
+    from autoscaler.config import (
+        initial_cluster_state,
+        measured_replicas,
+        model_max_batches,
+        model_specs,
+        policy_config,
+    )
 
     specs = model_specs(models_cfg, cluster_cfg)
     slo = {m.name: float(m.slo.p99_ms) for m in models_cfg.models}
@@ -130,9 +142,15 @@ def simulate(
     pcfg = policy_config(models_cfg, cluster_cfg, **{"repartition_s": world.repartition_delay_s,
                                                      "replica_start_s": world.start_delay_s,
                                                      **dict(policy_overrides or {})})
+    service: dict[str, dict[str, float]] = {}
+    for name, per_profile in measured_replicas(models_cfg).items():
+        for prof, got in per_profile.items():
+            mu = q.profiled_service_rate(got.saturation_rps, got.poisson_capacity_rps, got.slo_p99_ms)
+            if mu is not None:
+                service.setdefault(name, {})[prof] = mu
     return simulate_specs(specs, slo, initial_cluster_state(cluster_cfg), pcfg, trace, policy_name,
-                          step_s, sim=sim, warmup_s=warmup_s, service_rps=measured_service_rates(models_cfg),
-                          baseline_target=baseline_target)
+                          step_s, sim=sim, warmup_s=warmup_s, service_rps=service,
+                          max_batch=model_max_batches(models_cfg), baseline_target=baseline_target)
 
 
 def simulate_specs(
@@ -148,6 +166,7 @@ def simulate_specs(
     warmup_s: float = 1800.0,
     planner: Any = None,
     service_rps: Mapping[str, Mapping[str, float]] | None = None,
+    max_batch: Mapping[str, int] | None = None,
     baseline_target: float | None = None,
 ) -> Result:
     """``baseline_target``: the HPA baselines' target value (None: NVIDIA's reference
@@ -203,7 +222,7 @@ def simulate_specs(
         driver = WindowedMaxDriver(specs, wcfg, float(getattr(policy_cfg, "repartition_s", sim.repartition_delay_s)),
                                     planner)
     clock = VirtualClock(-float(warmup_s))
-    cluster = SimCluster(specs, slo_ms, state, clock, sim, service_rps=service_rps)
+    cluster = SimCluster(specs, slo_ms, state, clock, sim, service_rps=service_rps, max_batch=max_batch)
     if policy_name == "migscale":
         from autoscaler.loop import ControlLoop
 
@@ -232,6 +251,7 @@ def simulate_specs(
     res = _score(policy_name, specs, slo_ms, cluster, demand, step_s, n_warm, len(cluster.gpus),
                  time.perf_counter() - wall0, ticks, errors)
     res.measured_service = sorted(m for m in (service_rps or {}) if m in names)
+    res.max_batch = {m: b for m, b in sorted((max_batch or {}).items()) if m in names}
     return res
 
 

@@ -244,3 +244,26 @@ def test_check_dirs_off_skips_only_the_model_directory(tmp_path: Path) -> None:
     assert any(".model_dir: no such directory" in p for p in on)
     assert not any(".model_dir" in p for p in off)
     assert off and all(p in on for p in off)  # the profile problem is still reported
+
+
+def test_triton_max_batch_reads_the_dynamic_batcher_of_a_model_config(tmp_path: Path) -> None:
+    """The batch Triton forms from separate requests: ``max_batch_size`` with ``dynamic_batching``,
+    1 without it (or when the model cannot batch), None without a config."""
+    from autoscaler.config import model_max_batches, triton_max_batch
+
+    def model(name: str, text: str) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.pbtxt").write_text(text)
+        return d
+
+    on = model("on", 'name: "on"\n# max_batch_size: 64 (an old value)\nmax_batch_size: 8\n'
+                     "dynamic_batching {\n  max_queue_delay_microseconds: 2000\n}\n")
+    assert triton_max_batch(on) == 8
+    assert triton_max_batch(model("off", 'name: "off"\nmax_batch_size: 8\n')) == 1
+    assert triton_max_batch(model("zero", "max_batch_size: 0\ndynamic_batching { }\n")) == 1
+    assert triton_max_batch(tmp_path) is None
+    with pytest.raises(ConfigError, match="max_batch_size: must be >= 0, got -2"):
+        triton_max_batch(model("neg", "max_batch_size: -2\ndynamic_batching { }\n"))
+    # the example models: each repository's own config (resnet batches up to 8)
+    assert model_max_batches(load_models(REPO / "examples" / "models.yaml"))["resnet"] == 8

@@ -330,6 +330,31 @@ def test_max_batch_must_be_a_positive_integer():
             SimConfig(max_batch=bad)
 
 
+def test_each_model_batches_as_its_own_triton_config_says():
+    """``max_batch`` per model (its ``config.pbtxt``): the batched model reports its batch's
+    compute per request, the other its own, side by side on one GPU."""
+    clock = VirtualClock(0.0)
+    gpu = GpuState("n/0", "n", "A100-SXM4-80GB", TWO_3G)
+    reps = (Replica("r0", "m", "3g.40gb", "n/0", 0, ReplicaState.READY, 0.0),
+            Replica("r1", "k", "3g.40gb", "n/0", 4, ReplicaState.READY, 0.0))
+    specs = [SPEC, ModelSpec("k", dict(SPEC.capacity), SPEC.allowed_profiles)]
+    c = SimCluster(specs, {"m": 50.0, "k": 50.0}, ClusterState((gpu,), reps), clock,
+                   SimConfig(step_s=5.0, scrape_delay_s=0, metrics_window_s=30), max_batch={"k": 8})
+    for _ in range(24):
+        c.advance(np.array([350.0, 350.0]))
+    models, _ = c.read(["m", "k"], [], clock.now())
+    mu = q.service_rate(300.0, 50.0)
+    rho = 350.0 / mu
+    waiting = rho / (1 - rho) - rho
+    assert models["m"].avg_compute_ms == pytest.approx(1000.0 / mu, rel=1e-6)
+    assert models["k"].avg_compute_ms == pytest.approx(1000.0 * waiting / mu, rel=0.03)
+    assert models["k"].p99_ms == models["m"].p99_ms  # latency is the service rate's, batch or not
+    for bad in (0, 2.5):
+        with pytest.raises(ValueError, match="max_batch"):
+            SimCluster(specs, {"m": 50.0, "k": 50.0}, ClusterState((gpu,), ()), VirtualClock(0.0),
+                       max_batch={"k": bad})
+
+
 def test_spike_detection_and_recovery():
     d = np.ones((2, 400)) * 10.0
     d[1, 300:] = 40.0
@@ -437,12 +462,15 @@ def test_profiled_sweeps_set_the_simulated_service_rate(tmp_path):
 
     import yaml
 
-    from autoscaler.config import load_models, measured_service_rates
+    from autoscaler.config import MeasuredReplica, load_models, measured_replicas
 
     m, table = _profiled_models(tmp_path, throughput=1.0)
     (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(sc.cluster(1, policy={"tick_s": 15})))
-    rates = measured_service_rates(load_models(tmp_path / "models.yaml"))
-    assert rates == {m["name"]: {p: 1.0 for p in table}}  # the errored point does not count
+    got = measured_replicas(load_models(tmp_path / "models.yaml"))
+    assert got == {m["name"]: {p: MeasuredReplica(1.0) for p in table}}  # the errored point does not count
+    # the model's own Triton config sets the world's batching
+    (tmp_path / m["model_dir"]).mkdir(parents=True)
+    (tmp_path / m["model_dir"] / "config.pbtxt").write_text("max_batch_size: 4\ndynamic_batching { }\n")
     # load near the table's capacity: at the table's own rate the SLO holds, at the measured one it cannot
     rps = 0.9 * min(table.values())
     t = np.arange(0.0, 900.0, 60.0)
@@ -452,12 +480,78 @@ def test_profiled_sweeps_set_the_simulated_service_rate(tmp_path):
     res = CliRunner().invoke(app, run)
     assert res.exit_code == 0, res.output
     out = json.loads(res.output.strip().splitlines()[-1])
-    assert out["measured_service_rates"] == [m["name"]]
+    assert out["measured_service_rates"] == [m["name"]] and out["max_batch"] == {m["name"]: 4}
     assert out["slo_attainment"] < 0.5
     (tmp_path / "cap.yaml").write_text(yaml.safe_dump({"models": {m["name"]: table}}))  # no sweeps: the table
     res = CliRunner().invoke(app, run)
     out = json.loads(res.output.strip().splitlines()[-1])
     assert out["measured_service_rates"] == [] and out["slo_attainment"] > 0.98
+
+
+def _poisson_profiled(tmp_path, m, table, capacity):
+    """Rewrite the capacity file as ``migscale profile --arrivals poisson`` writes it."""
+    import yaml
+
+    doc = yaml.safe_load((tmp_path / "cap.yaml").read_text())
+    for prof in table:
+        doc["measured"][m["name"]][prof].update(arrivals="poisson", capacity_rps=capacity(prof),
+                                                slo_p99_ms=m["slo"]["p99_ms"])
+    (tmp_path / "cap.yaml").write_text(yaml.safe_dump(doc))
+
+
+def test_a_poisson_capacity_sets_the_world_before_the_saturation_reading(tmp_path):
+    """Profiled with Poisson arrivals, the world's replica is the M/M/1 whose p99 meets the SLO
+    at the measured capacity -- the calibration a capacity table gets -- not the closed-loop
+    saturation throughput beside it."""
+    import json
+
+    import yaml
+
+    from autoscaler.config import MeasuredReplica, load_models, measured_replicas
+
+    m, table = _profiled_models(tmp_path, throughput=1.0)  # the sweep alone: a world that cannot serve
+    _poisson_profiled(tmp_path, m, table, lambda p: table[p])
+    slo = float(m["slo"]["p99_ms"])
+    got = measured_replicas(load_models(tmp_path / "models.yaml"))[m["name"]]
+    assert got == {p: MeasuredReplica(1.0, float(c), slo) for p, c in table.items()}
+    assert q.profiled_service_rate(1.0, table[next(iter(table))], slo) == q.service_rate(table[next(iter(table))], slo)
+    assert q.profiled_service_rate(1.0) == 1.0 and q.profiled_service_rate(None) is None
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(sc.cluster(1, policy={"tick_s": 15})))
+    rps = 0.9 * min(table.values())
+    t = np.arange(0.0, 900.0, 60.0)
+    tr.write_csv(tr.Trace(t, (m["name"],), np.full((1, len(t)), rps), 900.0), tmp_path / "t.csv")
+    args = [str(tmp_path / n) for n in ("models.yaml", "cluster.yaml", "t.csv")]
+    run = ["simulate", *args, "--policy", "migscale", "--json", "--warmup-s", "600"]
+    res = CliRunner().invoke(app, run)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output.strip().splitlines()[-1])
+    # the measured capacity equals the table: the world serves as the policy believes
+    assert out["measured_service_rates"] == [m["name"]] and out["slo_attainment"] > 0.98
+    _poisson_profiled(tmp_path, m, table, lambda p: 0.3 * table[p])  # measured far below the table
+    slow = json.loads(CliRunner().invoke(app, run).output.strip().splitlines()[-1])
+    # a slower world: the policy's learned correction needs more slices, and still loses some requests
+    assert slow["slice_hours"] > out["slice_hours"] and slow["slo_attainment"] < out["slo_attainment"]
+
+
+def test_a_malformed_poisson_capacity_exits_2_naming_the_field(tmp_path):
+    import yaml
+
+    m, table = _profiled_models(tmp_path, throughput=100.0)
+    _poisson_profiled(tmp_path, m, table, lambda p: -3)
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(sc.cluster(1)))
+    tr.write_csv(tr.Trace(np.array([0.0]), (m["name"],), np.array([[10.0]]), 600.0), tmp_path / "t.csv")
+    args = [str(tmp_path / n) for n in ("models.yaml", "cluster.yaml", "t.csv")]
+    res = CliRunner().invoke(app, ["simulate", *args])
+    prof = next(iter(table))
+    assert res.exit_code == 2, res.output
+    assert f"measured.{m['name']}.{prof}.capacity_rps" in res.output and "-3" in res.output
+    assert "Traceback" not in res.output
+    _poisson_profiled(tmp_path, m, table, lambda p: 50.0)
+    doc = yaml.safe_load((tmp_path / "cap.yaml").read_text())
+    doc["measured"][m["name"]][prof]["slo_p99_ms"] = None
+    (tmp_path / "cap.yaml").write_text(yaml.safe_dump(doc))
+    res = CliRunner().invoke(app, ["simulate", *args])
+    assert res.exit_code == 2 and f"measured.{m['name']}.{prof}.slo_p99_ms" in res.output, res.output
 
 
 def test_a_malformed_sweep_exits_2_naming_the_point(tmp_path):
