@@ -457,6 +457,24 @@ def _profiled_models(tmp_path, throughput):
     return m, table
 
 
+def _simulate_near_the_table(tmp_path, m, table) -> tuple[list[str], dict]:
+    """``migscale simulate --json`` of 15 min at 90% of the table's smallest capacity: the
+    command line (to run again after the files change) and its result."""
+    import json
+
+    import yaml
+
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(sc.cluster(1, policy={"tick_s": 15})))
+    rps = 0.9 * min(table.values())
+    t = np.arange(0.0, 900.0, 60.0)
+    tr.write_csv(tr.Trace(t, (m["name"],), np.full((1, len(t)), rps), 900.0), tmp_path / "t.csv")
+    args = [str(tmp_path / n) for n in ("models.yaml", "cluster.yaml", "t.csv")]
+    run = ["simulate", *args, "--policy", "migscale", "--json", "--warmup-s", "600"]
+    res = CliRunner().invoke(app, run)
+    assert res.exit_code == 0, res.output
+    return run, json.loads(res.output.strip().splitlines()[-1])
+
+
 def test_profiled_sweeps_set_the_simulated_service_rate(tmp_path):
     import json
 
@@ -465,26 +483,17 @@ def test_profiled_sweeps_set_the_simulated_service_rate(tmp_path):
     from autoscaler.config import MeasuredReplica, load_models, measured_replicas
 
     m, table = _profiled_models(tmp_path, throughput=1.0)
-    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(sc.cluster(1, policy={"tick_s": 15})))
     got = measured_replicas(load_models(tmp_path / "models.yaml"))
     assert got == {m["name"]: {p: MeasuredReplica(1.0) for p in table}}  # the errored point does not count
     # the model's own Triton config sets the world's batching
     (tmp_path / m["model_dir"]).mkdir(parents=True)
     (tmp_path / m["model_dir"] / "config.pbtxt").write_text("max_batch_size: 4\ndynamic_batching { }\n")
     # load near the table's capacity: at the table's own rate the SLO holds, at the measured one it cannot
-    rps = 0.9 * min(table.values())
-    t = np.arange(0.0, 900.0, 60.0)
-    tr.write_csv(tr.Trace(t, (m["name"],), np.full((1, len(t)), rps), 900.0), tmp_path / "t.csv")
-    args = [str(tmp_path / n) for n in ("models.yaml", "cluster.yaml", "t.csv")]
-    run = ["simulate", *args, "--policy", "migscale", "--json", "--warmup-s", "600"]
-    res = CliRunner().invoke(app, run)
-    assert res.exit_code == 0, res.output
-    out = json.loads(res.output.strip().splitlines()[-1])
+    run, out = _simulate_near_the_table(tmp_path, m, table)
     assert out["measured_service_rates"] == [m["name"]] and out["max_batch"] == {m["name"]: 4}
     assert out["slo_attainment"] < 0.5
     (tmp_path / "cap.yaml").write_text(yaml.safe_dump({"models": {m["name"]: table}}))  # no sweeps: the table
-    res = CliRunner().invoke(app, run)
-    out = json.loads(res.output.strip().splitlines()[-1])
+    out = json.loads(CliRunner().invoke(app, run).output.strip().splitlines()[-1])
     assert out["measured_service_rates"] == [] and out["slo_attainment"] > 0.98
 
 
@@ -505,8 +514,6 @@ def test_a_poisson_capacity_sets_the_world_before_the_saturation_reading(tmp_pat
     saturation throughput beside it."""
     import json
 
-    import yaml
-
     from autoscaler.config import MeasuredReplica, load_models, measured_replicas
 
     m, table = _profiled_models(tmp_path, throughput=1.0)  # the sweep alone: a world that cannot serve
@@ -516,15 +523,7 @@ def test_a_poisson_capacity_sets_the_world_before_the_saturation_reading(tmp_pat
     assert got == {p: MeasuredReplica(1.0, float(c), slo) for p, c in table.items()}
     assert q.profiled_service_rate(1.0, table[next(iter(table))], slo) == q.service_rate(table[next(iter(table))], slo)
     assert q.profiled_service_rate(1.0) == 1.0 and q.profiled_service_rate(None) is None
-    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(sc.cluster(1, policy={"tick_s": 15})))
-    rps = 0.9 * min(table.values())
-    t = np.arange(0.0, 900.0, 60.0)
-    tr.write_csv(tr.Trace(t, (m["name"],), np.full((1, len(t)), rps), 900.0), tmp_path / "t.csv")
-    args = [str(tmp_path / n) for n in ("models.yaml", "cluster.yaml", "t.csv")]
-    run = ["simulate", *args, "--policy", "migscale", "--json", "--warmup-s", "600"]
-    res = CliRunner().invoke(app, run)
-    assert res.exit_code == 0, res.output
-    out = json.loads(res.output.strip().splitlines()[-1])
+    run, out = _simulate_near_the_table(tmp_path, m, table)
     # the measured capacity equals the table: the world serves as the policy believes
     assert out["measured_service_rates"] == [m["name"]] and out["slo_attainment"] > 0.98
     _poisson_profiled(tmp_path, m, table, lambda p: 0.3 * table[p])  # measured far below the table
