@@ -207,8 +207,8 @@ def _usable_profiles(m: ModelConfig, cluster: ClusterConfig) -> list[str]:
     out: list[tuple[int, float, str]] = []
     for prod in prods:
         for prof in prod.standard_profiles():
-            if m.memory_gb is None or prof.memory_gb >= m.memory_gb:
-                out.append((prof.compute, prof.memory_gb, prof.name))
+            if m.memory_gb is None or prof.fit_gib >= m.memory_gb:
+                out.append((prof.compute, prof.fit_gib, prof.name))
     return list(dict.fromkeys(name for _, _, name in sorted(out)))
 
 
@@ -359,9 +359,9 @@ def validate_pair(
                     f"{at}.profiles[{j}]: not valid for any GPU product in the cluster ({names}), "
                     f"got {prof!r}"
                 )
-            elif m.memory_gb is not None and max(pr.profiles[prof].memory_gb for pr in fits) < m.memory_gb:
+            elif m.memory_gb is not None and max(pr.profiles[prof].fit_gib for pr in fits) < m.memory_gb:
                 out.append(
-                    f"{at}.profiles[{j}]: has {max(pr.profiles[prof].memory_gb for pr in fits):g} GB, "
+                    f"{at}.profiles[{j}]: holds {max(pr.profiles[prof].fit_gib for pr in fits):g} GiB usable, "
                     f"less than memory_gb {m.memory_gb:g}, got {prof!r}"
                 )
         for prof in m.capacity or {}:
@@ -371,10 +371,10 @@ def validate_pair(
                     f"got {prof!r}"
                 )
         if m.memory_gb is not None and m.profiles is None and not _usable_profiles(m, cluster):
-            biggest = max(pr.full.memory_gb for pr in prods)
+            biggest = max(pr.full.fit_gib for pr in prods)
             out.append(
                 f"{at}.memory_gb: no MIG profile in the cluster has that much memory "
-                f"(largest {biggest:g} GB), got {m.memory_gb:g}"
+                f"(largest {biggest:g} GiB usable), got {m.memory_gb:g}"
             )
         if m.high_availability and n_mig_gpus < 2:
             out.append(f"{at}.high_availability: needs >= 2 MIG GPUs, the cluster has {n_mig_gpus}, got True")

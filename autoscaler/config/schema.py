@@ -193,7 +193,7 @@ class ModelConfig(_Strict):
         description="allowed MIG profiles",
         json_schema_extra={"uniqueItems": True},
     )
-    memory_gb: float | None = Field(default=None, gt=0, le=10_000, description="memory one replica needs")
+    memory_gb: float | None = Field(default=None, gt=0, le=10_000, description="GiB one replica needs (as nvidia-smi reports a process's memory); compared with each MIG profile's usable GiB, not the GB in its name")
     min_replicas: int = Field(default=1, ge=0, le=1000)
     max_replicas: int = Field(default=8, ge=1, le=1000)
     high_availability: bool = Field(default=False, description=">= 2 replicas on distinct GPUs")

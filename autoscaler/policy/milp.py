@@ -49,7 +49,7 @@ def _usable(spec: ModelSpec, product_profiles: Mapping) -> dict[str, float]:
         cap = float(spec.capacity.get(name, 0.0) or 0.0)
         if prof is None or not cap > 0:
             continue
-        if spec.memory_gb is not None and prof.memory_gb < spec.memory_gb - 1e-9:
+        if spec.memory_gb is not None and prof.fit_gib < spec.memory_gb - 1e-9:
             continue
         out[name] = cap
     return out

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from autoscaler.mig import get_product
+
 SHAPES: dict[str, dict[str, float]] = {
     "cnn-b1": {"1g": 127, "2g": 171, "3g": 191, "7g": 192},
     "bert-b1": {"1g": 90, "2g": 90, "3g": 90, "7g": 90},
@@ -34,6 +36,7 @@ SHAPES: dict[str, dict[str, float]] = {
 }
 SLO_MS = {"cnn-b1": 100.0, "bert-b1": 100.0, "cnn-batch": 100.0, "vit": 200.0, "bert-batch": 100.0}
 A100_80 = {"1g": "1g.10gb", "2g": "2g.20gb", "3g": "3g.40gb", "4g": "4g.40gb", "7g": "7g.80gb"}
+A100_80GB = get_product("A100-SXM4-80GB")
 
 # (shape, scale, memory_gb): 12 models, light ones dominate as in production fleets. Scales
 # stand for dynamic batching at the SLO and keep capacity x SLO >= ~18 requests on the smallest
@@ -60,8 +63,8 @@ def fleet(n: int = 12, max_replicas: int = 48) -> list[dict[str, Any]]:
     for i in range(n):
         shape, scale, mem = FLEET_12[i % len(FLEET_12)]
         cap = capacity_table(shape, scale)
-        # a profile smaller than the model's memory cannot host it
-        allowed = [p for p in cap if float(p.split(".")[1][:-2]) >= mem]
+        # a profile that holds less than the model's memory cannot host it
+        allowed = [p for p in cap if A100_80GB.profile(p).fit_gib >= mem]
         out.append({
             "name": f"{shape}-{i}",
             "model_dir": f"triton_models/{shape}-{i}",

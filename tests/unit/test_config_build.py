@@ -92,13 +92,33 @@ def test_profiles_derived_from_memory_and_filtered_by_capacity() -> None:
 
 
 def test_memory_derivation_spans_products_in_the_cluster() -> None:
-    models = parse_models({"models": [_model(memory_gb=40)]})
     cluster = parse_cluster(
         {"gpus": [{"node": "a", "product": "A100-SXM4-40GB"}, {"node": "b", "product": "H200-141GB"}]}
     )
-    (spec,) = model_specs(models, cluster)
-    # A100-40GB: only 7g.40gb has 40 GB; H200: 3g.71gb and up (71 GB), 2g.35gb is too small
+    (spec,) = model_specs(parse_models({"models": [_model(memory_gb=39)]}), cluster)
+    # A100-40GB: only 7g.40gb holds 39 GiB (39.50 usable); H200: 3g.71gb and up, 2g.35gb (32.50) is too small
     assert set(spec.allowed_profiles) == {"7g.40gb", "3g.71gb", "4g.71gb", "7g.141gb"}
+    # what a profile holds is its usable memory, not the GB in its name: 40 GiB does not fit 7g.40gb
+    (spec,) = model_specs(parse_models({"models": [_model(memory_gb=40)]}), cluster)
+    assert set(spec.allowed_profiles) == {"3g.71gb", "4g.71gb", "7g.141gb"}
+
+
+def test_a_profile_holds_its_usable_memory_not_its_name() -> None:
+    """H200's 1g.18gb holds 16.00 GiB (read through NVML on a real H200, docs/mig-geometry.md):
+    a 17 GiB model goes to 2g.35gb and up, and naming 1g.18gb for it is a config error."""
+    from autoscaler.mig import get_product
+
+    h200 = get_product("H200-141GB")
+    assert h200.profile("1g.18gb").fit_gib == 16.0 and h200.profile("1g.18gb").usable_read
+    cluster = parse_cluster({"gpus": [{"node": "b", "product": "H200-141GB"}]})
+    (spec,) = model_specs(parse_models({"models": [_model(memory_gb=17)]}), cluster)
+    assert spec.allowed_profiles[:2] == ("2g.35gb", "3g.71gb") and "1g.18gb" not in spec.allowed_profiles
+    models = parse_models({"models": [_model(memory_gb=17, profiles=["1g.18gb"], capacity={"1g.18gb": 10})]})
+    problems = validate_pair(models, cluster, check_dirs=False)
+    assert any("profiles[0]: holds 16 GiB usable, less than memory_gb 17, got '1g.18gb'" in p for p in problems)
+    # no reading published for H100 NVL: the estimate takes the lowest share read for the kind (H200's 16/18)
+    nvl = get_product("H100-NVL-94GB").profile("1g.12gb")
+    assert not nvl.usable_read and nvl.fit_gib == round(12 * 16.0 / 18.0, 2)
 
 
 def test_capacity_file_is_read_relative_to_models_yaml_and_inline_wins(tmp_path: Path) -> None:

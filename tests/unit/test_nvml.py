@@ -137,3 +137,57 @@ def test_unsupported_profile_is_skipped_not_fatal():
     (g,) = discover(fake)
     assert g.product == "H100-SXM5-80GB"
     assert [(i.profile, i.start) for i in g.instances] == [("7g.80gb", 0)]
+
+
+class ReadingNvml:
+    """NVML answering the profile queries from a recorded reading of a real GPU."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, profiles):
+        import pynvml
+
+        self.c_nvmlGpuInstancePlacement_t = pynvml.c_nvmlGpuInstancePlacement_t
+        self.by_index = {p["nvml_index"]: p for p in profiles}
+        self.by_id = {p["id"]: p for p in profiles}
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, h, index):
+        p = self.by_index[index]
+        return SimpleNamespace(id=p["id"], name=p["name"].encode(), sliceCount=p["slices"],
+                               memorySizeMB=p["memory_mb"], multiprocessorCount=p["sms"], instanceCount=p["instances"])
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(self, h, profile_id, arr, count_ref):
+        import ctypes
+
+        rows = self.by_id[profile_id]["placements"]
+        for i, (start, size) in enumerate(rows):
+            arr[i].start, arr[i].size = start, size
+        ctypes.cast(count_ref, ctypes.POINTER(ctypes.c_uint)).contents.value = len(rows)
+
+
+def test_the_h200_table_matches_a_real_h200_read_through_nvml():
+    """The MIG geometry of H200-141GB (ids, names, slices, placements, SMs, usable memory)
+    against what a real H200's driver reported (tests/unit/data/nvml-h200.json); a table that
+    promised more memory than the driver gives would be listed."""
+    import dataclasses
+    import json
+    import sys
+    from pathlib import Path
+
+    from autoscaler.mig.products import PRODUCTS, Product
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    from mig_check import profile_report
+
+    reading = json.loads((Path(__file__).parent / "data" / "nvml-h200.json").read_text())
+    assert product_for(reading["name"]) == "H200-141GB"
+    fake = ReadingNvml(reading["profiles"])
+    h200 = PRODUCTS["H200-141GB"]
+    rows, mismatches = profile_report(fake, None, h200)
+    assert mismatches == [] and len(rows) == len(h200.profiles) == 7
+    # the check can fail: a table that took the name's 18 GB for 1g would be caught
+    named = {k: dataclasses.replace(p, usable_gib=p.memory_gb) for k, p in h200.profiles.items()}
+    _, bad = profile_report(fake, None, Product(h200.name, 7, 8, h200.memory_gb, named))
+    assert any(m.startswith("H200-141GB 1g.18gb: usable memory table 18") for m in bad)

@@ -61,7 +61,7 @@ def usable_profiles(spec: ModelSpec, products: Iterable[Product]) -> list[Profil
             cap = float(spec.capacity.get(name, 0.0) or 0.0)
             if not cap > 0 or math.isinf(cap):
                 continue
-            if spec.memory_gb is not None and prof.memory_gb + EPS < spec.memory_gb:
+            if spec.memory_gb is not None and prof.fit_gib + EPS < spec.memory_gb:
                 continue
             seen[name] = ProfileOption(name, cap, prof.compute, prof.mem_slots)
     return sorted(seen.values(), key=lambda o: (-o.efficiency, -o.cap, o.name))
