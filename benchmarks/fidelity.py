@@ -11,11 +11,15 @@ scrape interval, the source's window) and the replica's service rate as
 profiled on the real side. After the scenario a closed-loop burst measures a
 replica's saturation throughput, then ``migscale profile``'s open-loop search
 (``runtime.profile.rate_search``) finds the highest Poisson rate whose p99
-meets the SLO -- the arrivals the scenario sends. The simulator's replica is
-an M/M/1 queue whose p99 meets the SLO exactly at its capacity-at-SLO
-(``sim.queueing.service_rate``), so that measured capacity is what sets its
-service rate; the saturation throughput would set a queue that is faster at
-every load below saturation (p99 100 ms vs 125 measured at 35 req/s on 1g).
+meets the SLO -- the arrivals the scenario sends, and the p50 and p99 at each
+rate it tried. The simulator's replica serves as those points say
+(``sim.queueing.ServiceCurve``, as ``migscale simulate`` builds it from a
+capacity file): its fluid queue's rate at each occupancy matches the measured
+p99 at each rate, never completing more than the saturation throughput, and
+its sojourn law has the spread the points' p50/p99 show (a batcher's is far
+narrower than M/M/1's exponential). A single rate cannot do both: calibrated
+at the capacity-at-SLO (``sim.queueing.service_rate``) it overstates the p99
+near saturation, read from the saturation throughput it understates it below.
 The other profiles scale by the emulated max-batch throughput
 (``triton_models/resnet/emulation.json``), and the sim's replicas batch as the
 real one does (``max_batch_size`` of its ``config.pbtxt``), which sets the
@@ -29,8 +33,8 @@ of the first scale-up, and the p99 of the requests sent in the high phase
 (real: measured per request; sim: the exact quantile of the fluid model's
 per-step sojourn distributions, failures counted as infinite on both sides)
 with the relative gap; ``within_20pct`` says whether both comparisons are
-within 20%. ``sim_at_saturation_rate`` repeats the sim side with the service
-rate read from the saturation throughput instead, for comparison.
+within 20%. ``sim_at_poisson_rate`` and ``sim_at_saturation_rate`` repeat the
+sim side with one service rate, read from each of those two, for comparison.
 
 Run: ``.venv/bin/python benchmarks/fidelity.py [--low 15 --high 70 --phase-s 50]``
 (about 3 minutes; everything on 127.0.0.1, all processes stopped at the end).
@@ -68,6 +72,7 @@ from autoscaler.policy.types import (
 )
 from autoscaler.runtime.local import FAST_WINDOW_S  # the local controller's burst-layer window
 from autoscaler.sim.cluster import SimCluster, SimConfig
+from autoscaler.sim.queueing import ServiceCurve
 from autoscaler.sim.run import SimTime
 from loadtests import resend
 from loadtests.shapes import Step
@@ -138,16 +143,26 @@ def saturation_service_rates(saturation_1g_rps: float) -> dict[str, float]:
 def measure_poisson_capacity(url_http: str, url_metrics: str, upper_rps: float,
                              open_requests: int = 500, refine: int = 4) -> tuple[float | None, list[dict]]:
     """The highest Poisson rate whose p99 meets the SLO on one replica (``migscale profile``'s
-    open-loop search below ``upper_rps``), and the points it measured."""
+    open-loop search below ``upper_rps``, the saturation throughput), and the points it
+    measured, then those spread up to ``upper_rps`` (``curve_search``)."""
     from dataclasses import asdict
 
-    from autoscaler.runtime.profile import PointRule, TritonMeasurer, open_capacity_at_slo, rate_search
+    from autoscaler.runtime.profile import (
+        PointRule,
+        TritonMeasurer,
+        curve_search,
+        open_capacity_at_slo,
+        rate_search,
+    )
 
     m = TritonMeasurer(url_http.removeprefix("http://"), url_metrics, "resnet",
                        PointRule(point_s=3.0, warmup_s=1.0, open_requests=open_requests))
     points = rate_search(m.measure_rate, SLO_MS, upper_rps, refine)
-    return open_capacity_at_slo(points, SLO_MS), [
-        {k: v for k, v in asdict(p).items() if k in ("offered_rps", "requests", "errors", "p99_ms", "avg_batch")}
+    cap = open_capacity_at_slo(points, SLO_MS)  # the search's alone, as ``migscale profile`` reports it
+    points += curve_search(m.measure_rate, SLO_MS, upper_rps, points)
+    return cap, [
+        {k: v for k, v in asdict(p).items()
+         if k in ("offered_rps", "requests", "errors", "p50_ms", "p99_ms", "avg_batch")}
         for p in points]
 
 
@@ -321,8 +336,22 @@ def run_real(shape: Step, run_dir: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------ sim side
 
 
+def service_curves(poisson_points: list[dict], saturation_1g_rps: float) -> dict[str, ServiceCurve]:
+    """Per profile, the 1g replica's measured Poisson points as a ``ServiceCurve``, carried to
+    the other profiles by the emulated max-batch throughput curve (empty: no usable point)."""
+    curve = ServiceCurve.from_poisson(
+        [(p["offered_rps"], p["p99_ms"], p.get("p50_ms")) for p in poisson_points
+         if not p.get("errors") and p.get("offered_rps") and p.get("p99_ms") is not None],
+        saturation_1g_rps, SLO_MS)
+    if curve is None:
+        return {}
+    base = emulated_max_batch_rps("1g.10gb")
+    return {p: curve.scaled(emulated_max_batch_rps(p) / base) for p in CAPACITY}
+
+
 def run_sim(shape: Step, start_delay_s: float, step_s: float = 1.0,
-            service_rps: dict[str, float] | None = None) -> dict[str, Any]:
+            service_rps: dict[str, float] | None = None,
+            curves: dict[str, ServiceCurve] | None = None) -> dict[str, Any]:
     from autoscaler.policy.types import Replica
 
     clock = VirtualClock(0.0)
@@ -333,7 +362,8 @@ def run_sim(shape: Step, start_delay_s: float, step_s: float = 1.0,
                     max_batch=max_batch_size())
     spec = policy()
     cluster = SimCluster(spec.models, {"resnet": SLO_MS}, init, clock, cfg,
-                         service_rps={"resnet": service_rps} if service_rps else None, record_sojourns=True)
+                         service_rps={"resnet": service_rps} if service_rps else None,
+                         service_curves={"resnet": curves} if curves else None, record_sojourns=True)
     loop = ControlLoop(cluster, cluster, cluster, spec, clock)
     timeline = []
 
@@ -419,7 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     shape = Step(duration_s=3 * args.phase_s, levels=(args.low, args.high, args.low))
     real = run_real(shape, Path(args.run_dir))
     mu = service_rates(real["poisson_capacity_rps"])
-    sim = run_sim(shape, start_delay_s=real["start_s"], service_rps=mu)
+    curves = service_curves(real["poisson_points"], real["saturation_rps"])
+    sim = run_sim(shape, start_delay_s=real["start_s"], service_rps=mu, curves=curves)
+    c1 = curves.get("1g.10gb")
     out = {"scenario": {"levels_rps": list(shape.levels), "phase_s": args.phase_s, "model": "resnet",
                         "capacity": CAPACITY, "slo_p99_ms": SLO_MS, "source": real["source"],
                         "replica_start_s": round(real["start_s"], 2),
@@ -427,17 +459,20 @@ def main(argv: list[str] | None = None) -> int:
                         "poisson_capacity_rps_1g": round(real["poisson_capacity_rps"], 1),
                         "poisson_points": real["poisson_points"],
                         "service_rps_profiled": {p: round(v, 1) for p, v in mu.items()},
+                        "service_curve_1g": c1 and {"x": [round(v, 3) for v in c1.x],
+                                                    "mu": [round(v, 1) for v in c1.mu],
+                                                    "saturation_rps": c1.saturation_rps and round(c1.saturation_rps, 1),
+                                                    "shape": round(c1.shape, 2)},
                         "service_rps_from_table": {p: round(v, 1) for p, v in _table_rates().items()}}}
     out.update(compare(shape, real, sim))
-    # The same world with the service rate read from the saturation throughput instead:
-    # a single-rate queue cannot match a batching replica both near its SLO and in
-    # overload, and the two readings bracket it (reported, not the verdict).
+    # The same world at one service rate, read from each of the two single readings: the
+    # Poisson capacity-at-SLO and the saturation throughput (reported, not the verdict).
     mu_sat = saturation_service_rates(real["saturation_rps"])
-    alt = compare(shape, real, run_sim(shape, start_delay_s=real["start_s"], service_rps=mu_sat))
-    out["sim_at_saturation_rate"] = {
-        "service_rps": {p: round(v, 1) for p, v in mu_sat.items()},
-        **{k: alt[k] for k in ("replicas_mean_abs_diff_rel", "replicas_max", "first_scale_up_s",
-                               "p99_high_phase_ms", "p99_rel_gap", "p99_settled_ms", "within_20pct")}}
+    for key, rates in (("sim_at_poisson_rate", mu), ("sim_at_saturation_rate", mu_sat)):
+        alt = compare(shape, real, run_sim(shape, start_delay_s=real["start_s"], service_rps=rates))
+        out[key] = {"service_rps": {p: round(v, 1) for p, v in rates.items()},
+                    **{k: alt[k] for k in ("replicas_mean_abs_diff_rel", "replicas_max", "first_scale_up_s",
+                                           "p99_high_phase_ms", "p99_rel_gap", "p99_settled_ms", "within_20pct")}}
     print(json.dumps(out))
     return 0
 

@@ -19,12 +19,14 @@ import yaml
 
 from autoscaler.commands._common import fail, load_or_exit
 from autoscaler.runtime.profile import (
+    CURVE_FRACTIONS,
     Arrivals,
     PointRule,
     ProfileResult,
     TritonMeasurer,
     capacity_document,
     concurrency_levels,
+    curve_search,
     plot,
     rate_search,
     sweep,
@@ -105,7 +107,7 @@ def run_profile(
     from autoscaler.act.local.triton import TritonError, TritonProcess
 
     levels = concurrency_levels(max_concurrency)
-    n_points = len(levels) + (1 + refine if arrivals is Arrivals.POISSON else 0)
+    n_points = len(levels) + (1 + refine + len(CURVE_FRACTIONS) if arrivals is Arrivals.POISSON else 0)
     results: list[ProfileResult] = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(), transient=False) as progress:
@@ -139,6 +141,9 @@ def run_profile(
 
                     result.open_points = rate_search(measurer.measure_rate, result.slo_p99_ms, upper, refine,
                                                      on_rate)
+                    saturation = max((p.throughput_rps for p in result.points if not p.errors), default=0.0)
+                    result.curve_points = curve_search(measurer.measure_rate, result.slo_p99_ms, saturation,
+                                                       result.open_points, on_point=on_rate)
             except TritonError as e:
                 progress.console.print(f"[red]{m.name} on {profile}: replica failed: {e}")
             finally:

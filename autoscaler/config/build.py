@@ -43,12 +43,7 @@ def load_capacity_file(path: str | Path) -> dict[str, dict[str, float]]:
             continue
         out[str(name)] = {}
         for prof, rps in table.items():
-            if (
-                isinstance(rps, bool)
-                or not isinstance(rps, (int, float))
-                or not rps > 0
-                or rps == float("inf")
-            ):
+            if not _number(rps, positive=True):
                 problems.append(f"{p}: models.{name}.{prof}: req/s must be a number > 0, got {short(rps)}")
             else:
                 out[str(name)][str(prof)] = float(rps)
@@ -65,14 +60,17 @@ class MeasuredReplica:
     ``saturation_rps``: the closed-loop sweep's highest error-free throughput, the replica
     flat out. ``poisson_capacity_rps``: with ``--arrivals poisson``, the highest Poisson
     rate whose p99 met ``slo_p99_ms`` -- the arrivals online traffic sends. None: not
-    measured."""
+    measured. ``poisson_points``: every Poisson rate that search, and the points spread up
+    to saturation after it, sent without errors, with the p99 and p50 measured."""
 
     saturation_rps: float | None
     poisson_capacity_rps: float | None = None
     slo_p99_ms: float | None = None
+    poisson_points: tuple[tuple[float, float, float | None], ...] = ()  # (offered req/s, p99 ms, p50 ms)
 
 
 def _number(v: Any, *, positive: bool) -> bool:
+    """A finite int or float (never a bool, never NaN), > 0 or >= 0."""
     return (not isinstance(v, bool) and isinstance(v, (int, float)) and v < float("inf")
             and (v > 0 if positive else v >= 0))
 
@@ -98,9 +96,26 @@ def _measured_replica(result: Any, at: str, problems: list[str]) -> MeasuredRepl
             problems.append(f"{at}.slo_p99_ms: must be a number > 0 beside a Poisson capacity, got {short(slo_ms)}")
         elif cap is not None:
             poisson, slo = float(cap), float(slo_ms)
+    open_points: list[tuple[float, float, float | None]] = []
+    for key in ("poisson_points", "poisson_curve_points"):
+        raw = result.get(key) if poisson is not None else None
+        for i, pt in enumerate(raw if isinstance(raw, list) else ()):
+            if not isinstance(pt, dict):
+                problems.append(f"{at}.{key}[{i}]: must be a mapping, got {short(pt)}")
+                continue
+            rate = pt.get("offered_rps")
+            bad = [k for k in ("p99_ms", "p50_ms") if pt.get(k) is not None and not _number(pt.get(k), positive=True)]
+            if not _number(rate, positive=True):
+                problems.append(f"{at}.{key}[{i}].offered_rps: must be a number > 0, got {short(rate)}")
+            elif bad:
+                problems.extend(f"{at}.{key}[{i}].{k}: must be a number > 0 or null, got {short(pt[k])}"
+                                for k in bad)
+            elif pt.get("p99_ms") is not None and not pt.get("errors"):
+                p50 = pt.get("p50_ms")
+                open_points.append((float(rate), float(pt["p99_ms"]), None if p50 is None else float(p50)))
     if best <= 0 and poisson is None:
         return None
-    return MeasuredReplica(best if best > 0 else None, poisson, slo)
+    return MeasuredReplica(best if best > 0 else None, poisson, slo, tuple(open_points))
 
 
 def measured_replicas(models: ModelsConfig) -> dict[str, dict[str, MeasuredReplica]]:
@@ -172,7 +187,7 @@ def load_demand(path: str | Path, models: Sequence[str] | None = None) -> dict[s
     for name, rps in data.items():
         if models is not None and name not in models:
             problems.append(f"{p}: {name}: unknown model (known: {', '.join(models)}), got {short(name)}")
-        elif isinstance(rps, bool) or not isinstance(rps, (int, float)) or not (0 <= rps < float("inf")):
+        elif not _number(rps, positive=False):
             problems.append(f"{p}: {name}: req/s must be a number >= 0, got {short(rps)}")
         else:
             out[str(name)] = float(rps)

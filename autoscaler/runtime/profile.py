@@ -110,6 +110,7 @@ class ProfileResult:
     startup_s: float | None = None
     arrivals: Arrivals = Arrivals.CLOSED
     open_points: list[SweepPoint] = field(default_factory=list)  # the Poisson search, in order
+    curve_points: list[SweepPoint] = field(default_factory=list)  # Poisson points up to saturation
 
     @property
     def closed_capacity_rps(self) -> float | None:
@@ -117,14 +118,17 @@ class ProfileResult:
 
     @property
     def capacity_rps(self) -> float | None:
-        if self.arrivals is Arrivals.POISSON:
-            return open_capacity_at_slo(self.open_points, self.slo_p99_ms)
-        return self.closed_capacity_rps
+        """The capacity at the SLO: ``capacity_point``'s offered rate under Poisson arrivals,
+        its throughput under closed-loop ones."""
+        cp = self.capacity_point
+        if cp is None:
+            return None
+        return cp.offered_rps if self.arrivals is Arrivals.POISSON else cp.throughput_rps
 
     @property
     def capacity_point(self) -> SweepPoint | None:
         if self.arrivals is Arrivals.POISSON:
-            ok = _within(self.open_points, self.slo_p99_ms)
+            ok = [p for p in _within(self.open_points, self.slo_p99_ms) if p.offered_rps is not None]
             return max(ok, key=lambda p: p.offered_rps or 0.0) if ok else None
         ok = _within(self.points, self.slo_p99_ms)
         return max(ok, key=lambda p: p.throughput_rps) if ok else None
@@ -149,6 +153,7 @@ class ProfileResult:
         if self.arrivals is Arrivals.POISSON:
             out["closed_loop_capacity_rps"] = _r(self.closed_capacity_rps)
             out["poisson_points"] = rows(self.open_points)
+            out["poisson_curve_points"] = rows(self.curve_points)
         return out
 
 
@@ -206,6 +211,40 @@ def rate_search(
             lo = mid
         else:
             hi = mid
+    return points
+
+
+CURVE_FRACTIONS = (0.6, 0.75, 0.9)
+
+
+def curve_search(
+    measure_rate: Callable[[float], SweepPoint],
+    slo_p99_ms: float,
+    saturation_rps: float,
+    have: Sequence[SweepPoint] = (),
+    fractions: Sequence[float] = CURVE_FRACTIONS,
+    on_point: Callable[[SweepPoint], None] | None = None,
+) -> list[SweepPoint]:
+    """Poisson points spread up to the saturation throughput, at ``fractions`` of it.
+
+    ``rate_search``'s points gather where the p99 crosses the SLO, but the simulator
+    serves every load a replica meets from these points (``sim.queueing.ServiceCurve``),
+    up to saturation, where a batcher's p99 rises far more slowly than one service rate
+    predicts. A fraction within 5% of a point in ``have`` is not measured again; the
+    first point over twice the SLO or with errors ends the search (beyond, it only
+    queues). These points never set the capacity at the SLO: that stays the search's."""
+    points: list[SweepPoint] = []
+    for f in fractions:
+        rate = f * saturation_rps
+        if rate <= 0 or any(p.offered_rps is not None and abs(p.offered_rps - rate) <= 0.05 * rate
+                            for p in (*have, *points)):
+            continue
+        p = measure_rate(rate)
+        points.append(p)
+        if on_point:
+            on_point(p)
+        if p.errors or p.p99_ms is None or p.p99_ms > 2 * slo_p99_ms:
+            break
     return points
 
 

@@ -25,7 +25,9 @@ What it models (defaults in ``SimConfig``):
   a wait for a drain holding up only the rest of its chain, ``in_flight()``
   for the loop's per-GPU gate. Queued chains move on in ``_timers`` as
   simulated time passes.
-- **Service.** Each READY replica is a fluid M/M/1 queue (``queueing.py``);
+- **Service.** Each READY replica is a fluid M/M/1 queue (``queueing.py``), served
+  at one rate or, where Poisson points were measured, at the rate its
+  occupancy calls for (``queueing.ServiceCurve``);
   requests queued beyond ``queue_timeout_s`` (or, with ``shed_at_slo``, beyond
   their model's SLO) are dropped (misses).
   The router splits a model's traffic in proportion to replica service rate
@@ -50,6 +52,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from scipy.special import gammainc
 
 from autoscaler.clock import VirtualClock
 from autoscaler.mig import get_product
@@ -75,6 +78,7 @@ class SimCluster(SimActions, SimMetrics):
         config: SimConfig | None = None,
         *,
         service_rps: Mapping[str, Mapping[str, float]] | None = None,
+        service_curves: Mapping[str, Mapping[str, q.ServiceCurve]] | None = None,
         max_batch: Mapping[str, int] | None = None,
         record_sojourns: bool = False,
     ) -> None:
@@ -83,7 +87,10 @@ class SimCluster(SimActions, SimMetrics):
         ``benchmarks/fidelity.py``). Without it the rate is derived from the
         capacity table, which is then both the policy's belief and the world's
         truth; with it the two can differ, as they do when a table is an
-        estimate. ``max_batch``: per model, the largest batch its dynamic batcher forms
+        estimate. ``service_curves``: per model and profile, the measured p99 at
+        several Poisson rates (``queueing.ServiceCurve``); such a replica's queue is
+        served at its curve's rate, while ``service_rps`` still splits the traffic.
+        ``max_batch``: per model, the largest batch its dynamic batcher forms
         (the model's ``config.pbtxt``); models not named take ``config.max_batch``.
         ``record_sojourns`` keeps each step's per-replica sojourn
         distribution so ``sojourn_quantile`` can give the exact quantile over a
@@ -91,11 +98,12 @@ class SimCluster(SimActions, SimMetrics):
         benchmark does not)."""
         self.config = config or SimConfig()
         self.service_rps = {m: dict(v) for m, v in (service_rps or {}).items()}
+        self.service_curves = {m: dict(v) for m, v in (service_curves or {}).items()}
         bad = {m: b for m, b in (max_batch or {}).items() if not (isinstance(b, int) and b >= 1)}
         if bad:
             raise ValueError(f"max_batch: must be integers >= 1, got {bad}")
-        # per step: model index -> (arrivals per replica, exponential sojourn rate per replica)
-        self._sojourns: list[dict[int, tuple[np.ndarray, np.ndarray]]] | None = [] if record_sojourns else None
+        # per step: model index -> (arrivals, sojourn scale, sojourn shape), per replica
+        self._sojourns: list[dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]] | None = [] if record_sojourns else None
         self.clock = clock
         self.specs = {s.name: s for s in specs}
         self.models = [s.name for s in specs]
@@ -151,7 +159,8 @@ class SimCluster(SimActions, SimMetrics):
         compute = get_product(self.gpus[gpu].product).profile(profile).compute
         now = self.clock.now()
         self._reps[rid] = SimReplica(rid, model, profile, gpu, start, mu, cap, compute, state, now, ready_at,
-                               first_step=len(self.t))
+                               first_step=len(self.t),
+                               curve=self.service_curves.get(model, {}).get(profile))
         return rid
 
     def _remove(self, r: SimReplica) -> None:
@@ -208,8 +217,12 @@ class SimCluster(SimActions, SimMetrics):
             share = mu / mu_tot[mi]
             lam = lam_m[mi] * share
             slo = self.slo_s[mi]
+            shape = None
+            if self.service_curves:
+                curves = [r.curve for r in ready]
+                mu, shape = q.curve_rates(curves, mu, x0, lam, dt), q.curve_shapes(curves)
             x_raw, x1, within = q.step(x0, lam, mu, dt, slo,
-                                       slo if self.config.shed_at_slo else self.config.queue_timeout_s)
+                                       slo if self.config.shed_at_slo else self.config.queue_timeout_s, shape)
             xm = 0.5 * (x0 + x1)
             a_i = lam * dt
             b = q.busy(xm)
@@ -219,21 +232,23 @@ class SimCluster(SimActions, SimMetrics):
             wait = np.bincount(mi, weights=a_i * xm / mu, minlength=n)
             batch = q.mean_batch(xm, self.max_batch[mi])
             comp = np.bincount(mi, weights=a_i * batch / mu, minlength=n)
-            p99 = q.quantile_s(xm, mu, 0.99)
+            p99 = q.quantile_s(xm, mu, 0.99, shape)
             p99w = np.bincount(mi, weights=a_i * p99, minlength=n)
             cap = np.bincount(mi, weights=np.array([r.capacity for r in ready]), minlength=n)
             pend = np.bincount(mi, weights=np.maximum(x1 - q.busy(x1), 0.0), minlength=n)
             nready = np.bincount(mi, minlength=n).astype(float)
             np.fmax.at(worst, mi, np.where(lam > 0, p99, np.nan))
-            if self._sojourns is not None:
-                rate = mu / (1.0 + xm)  # an arrival finding xm in the system: Exp(mu / (1 + xm)) sojourn
-                self._sojourns.append({int(j): (a_i[mi == j], rate[mi == j]) for j in set(mi.tolist())})
+            if self._sojourns is not None:  # an arrival finding xm: a gamma sojourn (shape 1: M/M/1's)
+                scale = q.sojourn_scale(xm, mu, shape)
+                k = np.ones(len(ready)) if shape is None else shape
+                self._sojourns.append({int(j): (a_i[mi == j], scale[mi == j], k[mi == j]) for j in set(mi.tolist())})
             for i, r in enumerate(ready):
                 r.x = float(x1[i])
                 prev = r.cum_busy[-1] if r.cum_busy else 0.0
                 r.cum_busy.append(prev + float(b[i]) * dt)
         for r in draining:  # finishes what it holds; no new arrivals
-            x1 = q.step_x(np.array([r.x]), np.zeros(1), np.array([r.mu]), dt)
+            x1 = q.step_x(np.array([r.x]), np.zeros(1), q.curve_rates([r.curve], np.array([r.mu]),
+                                                                     np.array([r.x]), np.zeros(1), dt), dt)
             prev = r.cum_busy[-1] if r.cum_busy else 0.0
             r.cum_busy.append(prev + float(q.busy(0.5 * (r.x + x1[0]))) * dt)
             r.x = float(x1[0])
@@ -266,17 +281,19 @@ class SimCluster(SimActions, SimMetrics):
             raise ValueError("sojourn_quantile: the cluster was built without record_sojourns=True")
         j = self.midx[model]
         fail = self.per_step("fail")[:, j]
-        ws, rs, failed = [], [], 0.0
+        ws, scales, shapes, failed = [], [], [], 0.0
         for k, (t, per) in enumerate(zip(self.t, self._sojourns)):
             if t0_s <= t < t1_s:
                 failed += float(fail[k])
                 if j in per:
                     ws.append(per[j][0])
-                    rs.append(per[j][1])
+                    scales.append(per[j][1])
+                    shapes.append(per[j][2])
         w = np.concatenate(ws) if ws else np.zeros(0)
-        r = np.concatenate(rs) if rs else np.zeros(0)
+        theta = np.concatenate(scales) if scales else np.zeros(0)
+        shape = np.concatenate(shapes) if shapes else np.zeros(0)
         keep = w > 0
-        w, r = w[keep], r[keep]
+        w, theta, shape = w[keep], theta[keep], shape[keep]
         total = float(w.sum()) + failed
         if total <= 0:
             return None
@@ -284,7 +301,7 @@ class SimCluster(SimActions, SimMetrics):
             return math.inf
 
         def share(t: float) -> float:
-            return float((w * (1.0 - np.exp(-r * t))).sum()) / total
+            return float((w * gammainc(shape, t / theta)).sum()) / total
 
         lo, hi = 0.0, 1.0
         while share(hi) < q_:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from autoscaler.mig import Placement
 from autoscaler.policy.types import ReplicaState
+from autoscaler.sim.queueing import ServiceCurve
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class SimReplica:
     delete_when_drained: bool = False
     first_step: int = 0
     cum_busy: list[float] = field(default_factory=list)  # busy-seconds at the end of each step
+    curve: ServiceCurve | None = None  # measured rate by occupancy; None: ``mu`` at every load
 
 
 @dataclass

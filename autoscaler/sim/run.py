@@ -83,6 +83,7 @@ class Result:
     errors: list[str] = field(default_factory=list)
     timeline: Timeline | None = None
     measured_service: list[str] = field(default_factory=list)  # models served at profiled rates
+    measured_curves: list[str] = field(default_factory=list)  # ...and at their measured Poisson p99 curve
     max_batch: dict[str, int] = field(default_factory=dict)  # models batched as their config.pbtxt says
 
     def to_json(self) -> dict[str, Any]:
@@ -98,6 +99,7 @@ class Result:
             "wall_s": round(self.wall_s, 3),
             "errors": len(self.errors),
             "measured_service_rates": self.measured_service,
+            "measured_service_curves": self.measured_curves,
             "max_batch": self.max_batch,
         }
 
@@ -122,8 +124,9 @@ def simulate(
     Where a model's ``capacity_file`` holds ``migscale profile`` sweeps, the
     simulated replicas serve at the measured rate (``queueing.profiled_service_rate``:
     the Poisson capacity-at-SLO when profiled with Poisson arrivals, else the
-    saturation throughput) while the policy keeps planning with the capacity table;
-    where its ``model_dir`` holds a Triton ``config.pbtxt``, its replicas batch as
+    saturation throughput, and with Poisson points measured, at the rate each load
+    calls for, ``queueing.ServiceCurve``) while the policy keeps planning with the
+    capacity table; where its ``model_dir`` holds a Triton ``config.pbtxt``, its replicas batch as
     that config says (``config.triton_max_batch``).
     """
     from autoscaler.config import (
@@ -143,13 +146,17 @@ def simulate(
                                                      "replica_start_s": world.start_delay_s,
                                                      **dict(policy_overrides or {})})
     service: dict[str, dict[str, float]] = {}
+    curves: dict[str, dict[str, q.ServiceCurve]] = {}
     for name, per_profile in measured_replicas(models_cfg).items():
         for prof, got in per_profile.items():
             mu = q.profiled_service_rate(got.saturation_rps, got.poisson_capacity_rps, got.slo_p99_ms)
             if mu is not None:
                 service.setdefault(name, {})[prof] = mu
+            curve = q.ServiceCurve.from_poisson(got.poisson_points, got.saturation_rps, got.slo_p99_ms)
+            if curve is not None:
+                curves.setdefault(name, {})[prof] = curve
     return simulate_specs(specs, slo, initial_cluster_state(cluster_cfg), pcfg, trace, policy_name,
-                          step_s, sim=sim, warmup_s=warmup_s, service_rps=service,
+                          step_s, sim=sim, warmup_s=warmup_s, service_rps=service, service_curves=curves,
                           max_batch=model_max_batches(models_cfg), baseline_target=baseline_target)
 
 
@@ -166,6 +173,7 @@ def simulate_specs(
     warmup_s: float = 1800.0,
     planner: Any = None,
     service_rps: Mapping[str, Mapping[str, float]] | None = None,
+    service_curves: Mapping[str, Mapping[str, q.ServiceCurve]] | None = None,
     max_batch: Mapping[str, int] | None = None,
     baseline_target: float | None = None,
 ) -> Result:
@@ -222,7 +230,8 @@ def simulate_specs(
         driver = WindowedMaxDriver(specs, wcfg, float(getattr(policy_cfg, "repartition_s", sim.repartition_delay_s)),
                                     planner)
     clock = VirtualClock(-float(warmup_s))
-    cluster = SimCluster(specs, slo_ms, state, clock, sim, service_rps=service_rps, max_batch=max_batch)
+    cluster = SimCluster(specs, slo_ms, state, clock, sim, service_rps=service_rps,
+                         service_curves=service_curves, max_batch=max_batch)
     if policy_name == "migscale":
         from autoscaler.loop import ControlLoop
 
@@ -251,6 +260,7 @@ def simulate_specs(
     res = _score(policy_name, specs, slo_ms, cluster, demand, step_s, n_warm, len(cluster.gpus),
                  time.perf_counter() - wall0, ticks, errors)
     res.measured_service = sorted(m for m in (service_rps or {}) if m in names)
+    res.measured_curves = sorted(m for m in (service_curves or {}) if m in names)
     res.max_batch = {m: b for m, b in sorted((max_batch or {}).items()) if m in names}
     return res
 

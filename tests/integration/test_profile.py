@@ -87,6 +87,13 @@ def test_poisson_arrivals_find_a_lower_capacity_that_meets_the_slo(tmp_path):
     assert at and at[0]["p99_ms"] <= 150 and at[0]["errors"] == 0
     assert all(pt["requests"] + pt["errors"] >= 300 or pt["unstable"] for pt in pts)
     assert load_capacity_file(out)["resnet"]["1g.10gb"] == pytest.approx(cap, abs=0.1)  # what the planner reads
+    # then points spread toward saturation, for the simulator's queue: measured with their
+    # medians, and never moving the capacity above
+    sat = max(pt["throughput_rps"] for pt in m["points"] if not pt["errors"])
+    spread = m["poisson_curve_points"]
+    assert spread and all(any(pt["offered_rps"] == pytest.approx(f * sat, abs=0.01) for f in (0.6, 0.75, 0.9))
+                          for pt in spread), spread
+    assert all(pt["p50_ms"] <= pt["p99_ms"] for pt in spread if pt["p99_ms"] is not None)
 
 
 def test_slo_no_profile_can_meet_exits_3(tmp_path):

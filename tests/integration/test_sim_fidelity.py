@@ -28,8 +28,10 @@ def test_simulator_predicts_the_real_scale_up(tmp_path):
     shape = fid.Step(duration_s=54.0, levels=(12.0, 70.0, 70.0))
     real = fid.run_real(shape, tmp_path / "run")
     assert 0 < real["poisson_capacity_rps"] < real["saturation_rps"], real
+    curves = fid.service_curves(real["poisson_points"], real["saturation_rps"])
+    assert curves["1g.10gb"].shape > 1.0, curves  # a batcher's sojourn: narrower than exponential
     sim = fid.run_sim(shape, start_delay_s=real["start_s"],
-                      service_rps=fid.service_rates(real["poisson_capacity_rps"]))
+                      service_rps=fid.service_rates(real["poisson_capacity_rps"]), curves=curves)
     out = fid.compare(shape, real, sim)
     assert out["requests"]["sent"] > 0
     r_up, s_up = out["first_scale_up_s"]["real"], out["first_scale_up_s"]["sim"]

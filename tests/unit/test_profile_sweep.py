@@ -13,6 +13,7 @@ from autoscaler.runtime.profile import (
     capacity_at_slo,
     capacity_document,
     concurrency_levels,
+    curve_search,
     open_capacity_at_slo,
     rate_search,
     sweep,
@@ -147,6 +148,20 @@ def test_rate_search_counts_errors_as_a_miss_and_none_when_nothing_meets():
     assert never.calls == [64.0, 32.0, 16.0]
 
 
+def test_curve_search_spreads_points_up_to_saturation_and_stops_where_it_only_queues():
+    r = PoissonReplica(lambda x: 150.0 * x / 40.0)
+    have = rate_search(r.measure_rate, 150, 64.0, refine=4)  # 64, 32, 48, 40, 44
+    r.calls.clear()
+    more = curve_search(r.measure_rate, 150, 80.0, have)
+    assert r.calls == [60.0, 72.0]  # 0.6 x 80 = 48 was measured already
+    assert [p.offered_rps for p in more] == [60.0, 72.0]
+    steep = PoissonReplica(lambda x: 10.0 * x)
+    assert [p.offered_rps for p in curve_search(steep.measure_rate, 100, 80.0)] == [48.0]  # 480 ms: over 2x
+    failing = PoissonReplica(lambda x: 10.0, errors_above=50.0)
+    assert [p.offered_rps for p in curve_search(failing.measure_rate, 100, 80.0)] == [48.0, 60.0]
+    assert curve_search(r.measure_rate, 150, 0.0) == []
+
+
 def test_poisson_result_reports_the_open_loop_capacity_and_keeps_both_curves():
     closed = [pt(1, 30, 35), pt(2, 55, 45), pt(4, 64.5, 64), pt(8, 65, 183)]
     res = ProfileResult("resnet", "1g.10gb", 150, closed, StopReason.LATENCY, arrivals=Arrivals.POISSON,
@@ -158,5 +173,10 @@ def test_poisson_result_reports_the_open_loop_capacity_and_keeps_both_curves():
     d = doc["measured"]["resnet"]["1g.10gb"]
     assert d["arrivals"] == "poisson" and d["closed_loop_capacity_rps"] == 64.5
     assert d["at_concurrency"] is None and len(d["poisson_points"]) == 4
+    # the points spread toward saturation are kept, but never set the capacity
+    res.curve_points = [opt(52.0, 140.0), opt(58.5, 190.0)]
+    assert res.capacity_rps == 40.3
+    d = capacity_document([res])["measured"]["resnet"]["1g.10gb"]
+    assert [p["offered_rps"] for p in d["poisson_curve_points"]] == [52.0, 58.5]
     # closed arrivals (the default) are unchanged: the concurrency sweep's capacity
     assert ProfileResult("resnet", "1g.10gb", 150, closed).capacity_rps == 64.5

@@ -163,6 +163,102 @@ def test_measured_service_rate_overrides_the_table_for_the_world_only():
     assert slow.sojourn_quantile("m", 50, 100, 0.99) > table.sojourn_quantile("m", 50, 100, 0.99)
 
 
+# A batching replica measured under Poisson arrivals (offered req/s, p99 ms): the emulated
+# resnet on a 1g slice, max batch 8; its batcher keeps the p99 nearly flat up to saturation.
+BATCHER_POINTS = [(40.4, 146.9, None), (45.4, 153.1, None), (50.5, 169.5, None), (60.6, 198.3, None),
+                  (80.8, 475.3, None)]
+BATCHER_SATURATION = 80.8
+
+
+def _settle(curve, lam, seconds=600.0, dt=1.0):
+    x = np.zeros(1)
+    for _ in range(int(seconds / dt)):
+        mu = q.curve_rates([curve], np.array([curve.mu[0]]), x, np.array([lam]), dt)
+        x = q.step_x(x, np.array([lam]), mu, dt)
+    return x, curve.rate(x)
+
+
+def test_a_service_curve_holds_every_measured_p99_as_a_stationary_state():
+    curve = q.ServiceCurve.from_poisson(BATCHER_POINTS, BATCHER_SATURATION, slo_p99_ms=150.0)
+    # past twice the SLO the point only queued: not a stationary state, left out
+    assert len(curve.x) == 4 and max(curve.x) < 3.0
+    assert list(curve.mu) == sorted(curve.mu)  # a batcher does not slow as its queue grows
+    for lam, p99_ms, _ in BATCHER_POINTS[:4]:
+        x, mu = _settle(curve, lam)
+        assert float(q.quantile_s(x, mu, 0.99)[0]) * 1000.0 == pytest.approx(p99_ms, rel=1e-3)
+    # one rate calibrated on the light-load point overstates the heavy-load tail twofold
+    one = q.service_rate(40.4, 146.9)
+    assert math.log(100) / (one - 60.6) * 1000.0 > 2 * 198.3
+    # departures never pass the measured saturation: above it the queue grows by the excess
+    x0, _ = _settle(curve, 60.0)
+    x1 = x0
+    for _ in range(30):
+        x1 = q.step_x(x1, np.array([100.0]), q.curve_rates([curve], np.array([70.0]), x1, np.array([100.0]), 1.0), 1.0)
+    assert float(x1[0] - x0[0]) >= 30 * (100.0 - BATCHER_SATURATION) - 1e-6
+    # a faster slice: rates scale, occupancies do not
+    fast = curve.scaled(2.0)
+    assert fast.x == curve.x and fast.mu == tuple(2 * m for m in curve.mu) and fast.saturation_rps == 161.6
+    # nothing usable: no curve
+    assert q.ServiceCurve.from_poisson([(80.8, 475.3, None)], 80.8, slo_p99_ms=150.0) is None
+    assert q.ServiceCurve.from_poisson([]) is None
+
+
+def test_a_replica_with_a_service_curve_serves_each_load_at_its_measured_p99():
+    curve = q.ServiceCurve.from_poisson(BATCHER_POINTS, BATCHER_SATURATION, slo_p99_ms=150.0)
+    single = q.service_rate(40.4, 146.9)
+    got = {}
+    for name, kw in (("curve", {"service_curves": {"m": {"3g.40gb": curve}}}), ("single", {})):
+        c = _ready_cluster(service_rps={"m": {"3g.40gb": single}}, record_sojourns=True, **kw)
+        for lam in (40.4, 60.6):
+            for _ in range(300):
+                c.advance(np.array([lam]))
+        got[name] = [c.sojourn_quantile("m", t0, t0 + 100, 0.99) * 1000.0 for t0 in (200, 500)]
+    assert got["curve"] == pytest.approx([146.9, 198.3], rel=2e-3)
+    assert got["single"][0] == pytest.approx(146.9, rel=2e-3) and got["single"][1] > 400.0
+    # the curve sets how the queue serves; the capacity the policy reads is still the table's
+    c = _ready_cluster(service_curves={"m": {"3g.40gb": curve}})
+    c.advance(np.array([50.0]))
+    assert c.capacity[-1][0] == 300.0
+
+
+def test_a_narrow_sojourn_law_keeps_the_p99_and_moves_the_rest_toward_it():
+    from scipy.special import gammaincinv
+
+    for k in (1.0, 4.0, 8.0):
+        ratio = float(gammaincinv(k, 0.99) / gammaincinv(k, 0.5))
+        assert q.gamma_shape(ratio) == pytest.approx(k, rel=1e-6)
+    assert q.gamma_shape(10.0) == 1.0 and q.gamma_shape(1.01) == q.MAX_SHAPE
+    x, mu = np.array([0.5, 3.0]), np.array([80.0, 80.0])
+    k = np.array([8.0, 8.0])
+    p99 = q.quantile_s(x, mu, 0.99)
+    assert q.quantile_s(x, mu, 0.99, k) == pytest.approx(p99)  # the same p99 ...
+    assert q.within_slo(x, mu, p99, k) == pytest.approx(0.99)
+    assert np.all(q.quantile_s(x, mu, 0.5, k) > 2 * q.quantile_s(x, mu, 0.5))  # ... a median far nearer it
+    assert q.within_slo(x, mu, 0.2, np.ones(2)) == pytest.approx(q.within_slo(x, mu, 0.2))
+    # the points' own medians set the shape: p99/p50 = 2.09 is shape 8
+    pts = [(lam, p99_ms, p99_ms / float(gammaincinv(8.0, 0.99) / gammaincinv(8.0, 0.5)))
+           for lam, p99_ms, _ in BATCHER_POINTS]
+    curve = q.ServiceCurve.from_poisson(pts, BATCHER_SATURATION, slo_p99_ms=150.0)
+    assert curve.shape == pytest.approx(8.0, rel=1e-6) and curve.scaled(2.0).shape == curve.shape
+
+
+def test_a_narrow_sojourn_law_puts_more_of_a_backlog_s_requests_in_the_tail():
+    """Light load, 10 s near saturation, then half that (as when a second replica comes up):
+    the same queue and the same stationary p99 either way, but with a batcher's narrow law a
+    phase p99 counts the backlog's requests, which all wait long, not just its unlucky 1%."""
+    wide = q.ServiceCurve.from_poisson(BATCHER_POINTS, BATCHER_SATURATION, slo_p99_ms=150.0)
+    narrow = q.ServiceCurve(wide.x, wide.mu, wide.saturation_rps, shape=8.0)
+    p99 = {}
+    for name, curve in (("wide", wide), ("narrow", narrow)):
+        c = _ready_cluster(record_sojourns=True, service_curves={"m": {"3g.40gb": curve}})
+        for lam in [20.0] * 100 + [75.0] * 10 + [37.5] * 90:
+            c.advance(np.array([lam]))
+        p99[name] = [c.sojourn_quantile("m", t0, t1, 0.99) for t0, t1 in ((50, 100), (100, 200), (150, 200))]
+    assert p99["narrow"][0] == pytest.approx(p99["wide"][0], rel=1e-3)  # stationary: the same p99
+    assert p99["narrow"][2] == pytest.approx(p99["wide"][2], rel=1e-3)
+    assert p99["narrow"][1] > 1.2 * p99["wide"][1]  # the phase holding the backlog
+
+
 def test_requests_without_a_ready_replica_fail_and_count_as_misses_but_no_metric_sees_them():
     c, clock = _cluster()
     for _ in range(4):
@@ -551,6 +647,41 @@ def test_a_malformed_poisson_capacity_exits_2_naming_the_field(tmp_path):
     (tmp_path / "cap.yaml").write_text(yaml.safe_dump(doc))
     res = CliRunner().invoke(app, ["simulate", *args])
     assert res.exit_code == 2 and f"measured.{m['name']}.{prof}.slo_p99_ms" in res.output, res.output
+
+
+def test_measured_poisson_points_let_a_batcher_serve_past_its_single_rate(tmp_path):
+    """A batcher measured meeting its SLO well past the Poisson capacity's single-rate
+    calibration: with the points, the world serves as they say; without, it is slower."""
+    import json
+
+    import yaml
+
+    from autoscaler.config import load_models, measured_replicas
+
+    m, table = _profiled_models(tmp_path, throughput=1.0)
+    _poisson_profiled(tmp_path, m, table, lambda p: 0.3 * table[p])
+    slo = float(m["slo"]["p99_ms"])
+    run, single = _simulate_near_the_table(tmp_path, m, table)
+    doc = yaml.safe_load((tmp_path / "cap.yaml").read_text())
+    for prof, c in table.items():  # flat p99 up to the table's rate, p50 at half the p99
+        doc["measured"][m["name"]][prof]["poisson_points"] = [
+            {"offered_rps": f * c, "p99_ms": (0.7 + 0.2 * f) * slo, "p50_ms": (0.35 + 0.1 * f) * slo, "errors": 0}
+            for f in (0.3, 0.6, 1.0)] + [{"offered_rps": 1.2 * c, "p99_ms": None, "p50_ms": None, "errors": 3}]
+    (tmp_path / "cap.yaml").write_text(yaml.safe_dump(doc))
+    got = measured_replicas(load_models(tmp_path / "models.yaml"))[m["name"]]
+    prof = next(iter(table))
+    assert got[prof].poisson_points == tuple(
+        (f * table[prof], (0.7 + 0.2 * f) * slo, (0.35 + 0.1 * f) * slo) for f in (0.3, 0.6, 1.0))
+    curve = json.loads(CliRunner().invoke(app, run).output.strip().splitlines()[-1])
+    assert single["measured_service_curves"] == [] and curve["measured_service_curves"] == [m["name"]]
+    assert curve["slo_attainment"] > 0.98 and curve["slo_attainment"] > single["slo_attainment"]
+    assert curve["slice_hours"] < single["slice_hours"]
+    # a malformed median: exit 2, naming the point and the field
+    doc["measured"][m["name"]][prof]["poisson_points"][1]["p50_ms"] = "soon"
+    (tmp_path / "cap.yaml").write_text(yaml.safe_dump(doc))
+    res = CliRunner().invoke(app, run)
+    assert res.exit_code == 2 and f"measured.{m['name']}.{prof}.poisson_points[1].p50_ms" in res.output
+    assert "'soon'" in res.output and "Traceback" not in res.output
 
 
 def test_a_malformed_sweep_exits_2_naming_the_point(tmp_path):
