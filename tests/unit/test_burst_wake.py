@@ -77,3 +77,38 @@ def test_the_wake_hook_fires_once_when_a_model_starts_to_outrun_its_ready_replic
     # calm again, then a second burst wakes again
     assert [second(30.0) for _ in range(4)] == [False] * 4
     assert [second(90.0) for _ in range(4)] == [False, True, False, False]
+
+
+def test_a_burst_the_woken_tick_left_short_wakes_again_after_half_a_tick(tmp_path):
+    """The early tick can read the fast signals just under the capacity and add nothing;
+    while the model keeps outrunning its replicas, the hook wakes again once half a tick
+    (here 2.5 s) has passed since that tick, and no more often."""
+    (tmp_path / "m.yaml").write_text(
+        "models:\n  - {name: resnet, model_dir: " + str(tmp_path) + ", slo: {p99_ms: 150},"
+        " profiles: [1g.10gb], capacity: {1g.10gb: 58}}\n")
+    (tmp_path / "c.yaml").write_text("gpus:\n  - {node: n0, product: A100-SXM4-80GB, count: 1, emulated: true}\n"
+                                     "policy: {tick_s: 5}\n")
+    clock = VirtualClock(100.0)
+    ctl = LocalController(StubCluster(), load_models(tmp_path / "m.yaml"), load_cluster(tmp_path / "c.yaml"),
+                          clock=clock)
+    pages = Pages()
+    ctl.fast = FastScrape(lambda: {"r1": ("resnet", "u1")}, window_s=3.0, fetch=pages.fetch)
+    served = 0.0
+
+    def second(rps: float) -> bool:
+        nonlocal served
+        served += rps
+        pages.text = {"u1": expo(served, 0, 0, 0)}
+        ctl.fast.sample(clock.now())
+        woke = ctl.burst_began()
+        if woke:
+            ctl._mark_tick()  # the driver ticks at once
+        clock.advance(1.0)
+        return woke
+
+    assert [second(40.0) for _ in range(4)] == [False] * 4
+    # the onset wakes; the burst goes on, so 3 s after that tick (the first check past
+    # 2.5 s) it wakes again, and again 3 s after that: twice the 5 s cadence at most
+    assert [second(70.0) for _ in range(9)] == [False, False, True, False, False, True, False, False, True]
+    # calm: no wake however long since the last tick
+    assert [second(30.0) for _ in range(6)] == [False] * 6
