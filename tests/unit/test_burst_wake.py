@@ -49,40 +49,10 @@ class StubCluster:
         return list(self.reps)
 
 
-def test_the_wake_hook_fires_once_when_a_model_starts_to_outrun_its_ready_replicas(tmp_path):
-    (tmp_path / "m.yaml").write_text(
-        "models:\n  - {name: resnet, model_dir: " + str(tmp_path) + ", slo: {p99_ms: 150},"
-        " profiles: [1g.10gb], capacity: {1g.10gb: 58}}\n")
-    (tmp_path / "c.yaml").write_text("gpus:\n  - {node: n0, product: A100-SXM4-80GB, count: 1, emulated: true}\n")
-    clock = VirtualClock(100.0)
-    ctl = LocalController(StubCluster(), load_models(tmp_path / "m.yaml"), load_cluster(tmp_path / "c.yaml"),
-                          clock=clock)
-    pages = Pages()
-    ctl.fast = FastScrape(lambda: {"r1": ("resnet", "u1")}, window_s=3.0, fetch=pages.fetch)
-    served = 0.0
-
-    def second(rps: float) -> bool:
-        nonlocal served
-        served += rps
-        pages.text = {"u1": expo(served, 0, 0, 0)}
-        ctl.fast.sample(clock.now())
-        woke = ctl.burst_began()
-        clock.advance(1.0)
-        return woke
-
-    # 40 req/s on one ready 1g (58 req/s; the starting replica does not count): calm
-    assert [second(40.0) for _ in range(4)] == [False] * 4
-    # 70 req/s completed: over the 58 the ready replica is rated for; one wake, not one a second
-    assert [second(70.0) for _ in range(5)] == [False, False, True, False, False]
-    # calm again, then a second burst wakes again
-    assert [second(30.0) for _ in range(4)] == [False] * 4
-    assert [second(90.0) for _ in range(4)] == [False, True, False, False]
-
-
-def test_a_burst_the_woken_tick_left_short_wakes_again_after_half_a_tick(tmp_path):
-    """The early tick can read the fast signals just under the capacity and add nothing;
-    while the model keeps outrunning its replicas, the hook wakes again once half a tick
-    (here 2.5 s) has passed since that tick, and no more often."""
+def _seconds(tmp_path, *, tick_on_wake: bool):
+    """A controller with one ready 1g resnet (58 req/s) and a starting one, on a virtual
+    clock, and a function that serves one second at a given rate and asks the wake hook;
+    with ``tick_on_wake`` a wake is followed by a tick at once, as the driver does."""
     (tmp_path / "m.yaml").write_text(
         "models:\n  - {name: resnet, model_dir: " + str(tmp_path) + ", slo: {p99_ms: 150},"
         " profiles: [1g.10gb], capacity: {1g.10gb: 58}}\n")
@@ -101,11 +71,31 @@ def test_a_burst_the_woken_tick_left_short_wakes_again_after_half_a_tick(tmp_pat
         pages.text = {"u1": expo(served, 0, 0, 0)}
         ctl.fast.sample(clock.now())
         woke = ctl.burst_began()
-        if woke:
-            ctl._mark_tick()  # the driver ticks at once
+        if woke and tick_on_wake:
+            ctl._mark_tick()
         clock.advance(1.0)
         return woke
 
+    return second
+
+
+def test_the_wake_hook_fires_once_when_a_model_starts_to_outrun_its_ready_replicas(tmp_path):
+    second = _seconds(tmp_path, tick_on_wake=False)
+    # 40 req/s on one ready 1g (58 req/s; the starting replica does not count): calm
+    assert [second(40.0) for _ in range(4)] == [False] * 4
+    # 70 req/s completed: over the 58 the ready replica is rated for; one wake, not one a second
+    # (no tick follows here, so nothing re-arms it)
+    assert [second(70.0) for _ in range(5)] == [False, False, True, False, False]
+    # calm again, then a second burst wakes again
+    assert [second(30.0) for _ in range(4)] == [False] * 4
+    assert [second(90.0) for _ in range(4)] == [False, True, False, False]
+
+
+def test_a_burst_the_woken_tick_left_short_wakes_again_after_half_a_tick(tmp_path):
+    """The early tick can read the fast signals just under the capacity and add nothing;
+    while the model keeps outrunning its replicas, the hook wakes again once half a tick
+    (here 2.5 s) has passed since that tick, and no more often."""
+    second = _seconds(tmp_path, tick_on_wake=True)
     assert [second(40.0) for _ in range(4)] == [False] * 4
     # the onset wakes; the burst goes on, so 3 s after that tick (the first check past
     # 2.5 s) it wakes again, and again 3 s after that: twice the 5 s cadence at most
