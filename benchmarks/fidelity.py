@@ -345,8 +345,7 @@ def service_curves(poisson_points: list[dict], saturation_1g_rps: float) -> dict
         saturation_1g_rps, SLO_MS)
     if curve is None:
         return {}
-    base = emulated_max_batch_rps("1g.10gb")
-    return {p: curve.scaled(emulated_max_batch_rps(p) / base) for p in CAPACITY}
+    return {p: curve.scaled(factor) for p, factor in scaled_to_profiles(1.0).items()}
 
 
 def run_sim(shape: Step, start_delay_s: float, step_s: float = 1.0,
