@@ -38,6 +38,9 @@ misses, bisects between 0 and it (``refine`` steps, resolution capacity /
 (``TritonMeasurer.measure_rate``) until ``point_s`` and ``open_requests`` are
 both reached, and times each request from its *scheduled* send time, so a
 client that falls behind shows as latency rather than as a slower offer.
+After the search, ``curve_search`` measures Poisson rates spread up to the
+saturation throughput (0.6, 0.75, 0.9 of it): the simulator serves every load
+a replica meets from them, and they never move the capacity at the SLO.
 Measured here on the emulated resnet (1g, max batch 8, SLO 150 ms): closed
 loop 64.5 req/s at p99 64 ms (4 in flight, batch 4.0); Poisson arrivals reach
 p99 125 ms at 30 req/s and 153 ms at 40 req/s -- the closed-loop figure
@@ -129,9 +132,17 @@ class ProfileResult:
     def capacity_point(self) -> SweepPoint | None:
         if self.arrivals is Arrivals.POISSON:
             ok = [p for p in _within(self.open_points, self.slo_p99_ms) if p.offered_rps is not None]
-            return max(ok, key=lambda p: p.offered_rps or 0.0) if ok else None
+            return max(ok, key=lambda p: p.offered_rps) if ok else None
         ok = _within(self.points, self.slo_p99_ms)
         return max(ok, key=lambda p: p.throughput_rps) if ok else None
+
+    @property
+    def poisson_curve(self) -> list[SweepPoint]:
+        """Offered rate vs p99 under Poisson arrivals: the search's points and those spread
+        toward saturation, as one curve ordered by rate (the points with a p99)."""
+        pts = [p for p in (*self.open_points, *self.curve_points)
+               if p.p99_ms is not None and p.offered_rps is not None]
+        return sorted(pts, key=lambda p: p.offered_rps)
 
     def to_dict(self) -> dict[str, Any]:
         cp = self.capacity_point
@@ -333,7 +344,7 @@ def plot(results: Sequence[ProfileResult], path: str) -> None:
             for p in pts:
                 ax.annotate(str(p.concurrency), (p.throughput_rps, p.p99_ms), fontsize=7,
                             textcoords="offset points", xytext=(3, 3), color=line.get_color())
-            opts = sorted((p for p in r.open_points if p.p99_ms is not None), key=lambda p: p.offered_rps or 0.0)
+            opts = r.poisson_curve
             if opts:
                 ax.plot([p.offered_rps for p in opts], [p.p99_ms for p in opts], marker="s", linestyle="--",
                         color=line.get_color(),

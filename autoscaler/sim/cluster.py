@@ -247,8 +247,10 @@ class SimCluster(SimActions, SimMetrics):
                 prev = r.cum_busy[-1] if r.cum_busy else 0.0
                 r.cum_busy.append(prev + float(b[i]) * dt)
         for r in draining:  # finishes what it holds; no new arrivals
-            x1 = q.step_x(np.array([r.x]), np.zeros(1), q.curve_rates([r.curve], np.array([r.mu]),
-                                                                     np.array([r.x]), np.zeros(1), dt), dt)
+            mu_r = np.array([r.mu])
+            if r.curve is not None:
+                mu_r = q.curve_rates([r.curve], mu_r, np.array([r.x]), np.zeros(1), dt)
+            x1 = q.step_x(np.array([r.x]), np.zeros(1), mu_r, dt)
             prev = r.cum_busy[-1] if r.cum_busy else 0.0
             r.cum_busy.append(prev + float(q.busy(0.5 * (r.x + x1[0]))) * dt)
             r.x = float(x1[0])

@@ -61,3 +61,40 @@ def test_the_benchmark_reports_each_family_frontier_and_comparison(tmp_path, cap
     m = d["heldout"]["steps"]["migscale"]
     assert cmp["hpa-util"]["migscale"] == {"attainment": m["attainment"], "gpu_hours": m["gpu_hours"]}
     assert png.exists() and (tmp_path / "g-families.png").exists()
+
+
+def _run(seed: int, att: float) -> dict:
+    return {"seed": seed, "attainment": att}
+
+
+def test_the_attainment_interval_is_taken_over_seed_means_not_over_families():
+    import generalization as g
+
+    # per seed, two families: seed means 0.99, 0.98, 1.00
+    rs = [_run(1, 0.98), _run(1, 1.0), _run(2, 0.97), _run(2, 0.99), _run(3, 1.0), _run(3, 1.0)]
+    got = g.seed_interval(rs)
+    se = 0.01 / 3 ** 0.5
+    assert got["mean"] == pytest.approx(0.99) and got["se"] == pytest.approx(se, abs=1e-6)
+    # Student t with 2 degrees of freedom: 4.303 standard errors either side
+    assert got["hi"] - got["mean"] == pytest.approx(4.303 * se, abs=1e-5)
+    assert got["mean"] - got["lo"] == pytest.approx(got["hi"] - got["mean"], abs=1e-6)
+    # families far apart but every seed alike: no seed noise, no width
+    flat = g.seed_interval([_run(s, a) for s in (1, 2, 3) for a in (0.9, 1.0)])
+    assert flat["lo"] == flat["hi"] == pytest.approx(0.95)
+    assert g.seed_interval([_run(1, 0.9), _run(1, 1.0)]) is None
+
+
+def test_a_paired_difference_takes_out_what_the_worlds_share():
+    import generalization as g
+
+    # the worlds differ a lot (0.90 .. 0.99), migscale is 0.01 above in each: a clear, narrow difference
+    base = {(f, s): 0.90 + 0.03 * s + 0.01 * (f == "b") for f in "ab" for s in (1, 2, 3)}
+    other = [{"family": f, "seed": s, "attainment": a, "gpu_hours": 10.0 * s} for (f, s), a in base.items()]
+    ours = [{"family": f, "seed": s, "attainment": a + 0.01, "gpu_hours": 10.0 * s - 1.0} for (f, s), a in base.items()]
+    ours.append({"family": "c", "seed": 1, "attainment": 0.5, "gpu_hours": 1.0})  # no partner: left out
+    got = g.paired_interval(ours, other)
+    assert got["attainment"]["mean"] == pytest.approx(0.01) and got["attainment"]["lo"] == pytest.approx(0.01)
+    assert got["gpu_hours"]["hi"] == pytest.approx(-1.0)
+    # unpaired, the same runs' means carry the worlds' spread
+    assert g.seed_interval(ours[:-1])["hi"] - g.seed_interval(ours[:-1])["lo"] > 0.1
+    assert g.paired_interval(ours, []) is None

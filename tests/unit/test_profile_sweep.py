@@ -178,5 +178,7 @@ def test_poisson_result_reports_the_open_loop_capacity_and_keeps_both_curves():
     assert res.capacity_rps == 40.3
     d = capacity_document([res])["measured"]["resnet"]["1g.10gb"]
     assert [p["offered_rps"] for p in d["poisson_curve_points"]] == [52.0, 58.5]
+    # the plot's Poisson curve is both sets, in rate order
+    assert [p.offered_rps for p in res.poisson_curve] == [32.25, 40.3, 48.4, 52.0, 58.5, 64.5]
     # closed arrivals (the default) are unchanged: the concurrency sweep's capacity
     assert ProfileResult("resnet", "1g.10gb", 150, closed).capacity_rps == 64.5
