@@ -131,7 +131,39 @@ def run_one(job: tuple) -> dict[str, Any]:
            "cpu_s": round(time.process_time() - c0, 2)}
     if policy == "oracle":
         out["bound"] = _bound(r, models, cluster)
+    elif r.timeline is not None:
+        out["missed"] = missed_by_cause(r.timeline)
     return out
+
+
+def missed_by_cause(tl) -> dict[str, float]:
+    """Share of all requests that missed their SLO, by what held in their model's step.
+
+    ``within_lag``: arrivals outran the ready replicas' capacity at the SLO, for no longer
+    than ``BOUND_LAG_S`` so far -- the reaction lag (a scrape, then a replica start) in which
+    only capacity already running catches a rise, so only headroom helps.
+    ``past_lag``: they had outrun it for longer -- time a reacting policy had, lost to a
+    late decision, a repartition, or a full fleet.
+    ``capacity_met``: the replicas' capacity covered the arrivals (a backlog draining, or
+    the sojourn's tail near capacity). The three add up to 1 - attainment."""
+    import numpy as np
+
+    d, c = tl.demand_rps, tl.capacity_rps
+    miss = d * (1.0 - np.nan_to_num(tl.attainment, nan=1.0))
+    total = float(d.sum())
+    if total <= 0:
+        return {"within_lag": 0.0, "past_lag": 0.0, "capacity_met": 0.0}
+    under = c < d
+    step = float(tl.t_s[1] - tl.t_s[0]) if len(tl.t_s) > 1 else STEP_S
+    age = np.zeros_like(d)
+    run = np.zeros(d.shape[0])
+    for j in range(d.shape[1]):  # how long each model has been short, step by step
+        run = np.where(under[:, j], run + step, 0.0)
+        age[:, j] = run
+    within = under & (age <= BOUND_LAG_S)
+    return {"within_lag": float(miss[within].sum()) / total,
+            "past_lag": float(miss[under & ~within].sum()) / total,
+            "capacity_met": float(miss[~under].sum()) / total}
 
 
 def _bound(oracle, models, cluster) -> dict[str, Any]:
@@ -260,6 +292,9 @@ def summarise(runs: list[dict[str, Any]], seeds: tuple[int, ...], families: list
                 "worst_model": {"model": worst, "attainment": _r(_mean(per_model[worst]))},
                 "runs": len(rs),
             }
+            if all("missed" in r for r in rs):
+                row[pol]["missed_by_cause"] = {k: _r(_mean(r["missed"][k] for r in rs))
+                                               for k in ("within_lag", "past_lag", "capacity_met")}
             if pol != "migscale" and "migscale" in pick:
                 row[pol]["migscale_minus_this"] = paired_interval(
                     [r for r in runs if r["policy"] == "migscale" and r["knob"] == pick["migscale"]], rs)

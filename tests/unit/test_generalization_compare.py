@@ -98,3 +98,25 @@ def test_a_paired_difference_takes_out_what_the_worlds_share():
     # unpaired, the same runs' means carry the worlds' spread
     assert g.seed_interval(ours[:-1])["hi"] - g.seed_interval(ours[:-1])["lo"] > 0.1
     assert g.paired_interval(ours, []) is None
+
+
+def test_misses_are_split_by_how_long_the_model_had_been_short():
+    import generalization as g
+    import numpy as np
+
+    from autoscaler.sim.run import Timeline
+
+    n = 20
+    demand = np.array([[100.0] * n, [0.0] * n])
+    cap = np.array([[50.0] * 12 + [200.0] * 8, [10.0] * n])
+    att = np.array([[0.5] * 12 + [0.9] + [1.0] * 7, [np.nan] * n])
+    tl = Timeline(t_s=np.arange(n) * 5.0, models=("a", "idle"), demand_rps=demand, capacity_rps=cap,
+                  p99_ms=np.zeros((2, n)), slo_ms=np.array([100.0, 100.0]), attainment=att,
+                  gpus_in_use=np.ones(n), slices_in_use=np.ones(n))
+    got = g.missed_by_cause(tl)
+    # short for 60 s: the first 45 s (9 steps) are the reaction lag, the last 3 steps past it;
+    # the step after, capacity covers the arrivals and the backlog drains
+    assert got == pytest.approx({"within_lag": 9 * 50 / 2000, "past_lag": 3 * 50 / 2000,
+                                 "capacity_met": 10 / 2000})
+    served = np.nansum(demand * np.nan_to_num(att, nan=1.0)) / demand.sum()
+    assert sum(got.values()) == pytest.approx(1 - served)
