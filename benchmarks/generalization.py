@@ -11,7 +11,11 @@ Per family and overall, per policy: mean SLO attainment, GPU-hours, the ratio
 to the oracle (held to the fleet's 16 GPUs, its own attainment reported too)
 and to the 45 s-lag reactive bound *at the attainment the policy reached*
 (``sim/baselines.py: reactive_frontier``: windowed max x hindsight headroom,
-fractional packing, no queueing), and the worst model.
+fractional packing, no queueing), and the worst model. Each mean attainment carries a
+95% interval over seeds (``seed_interval``), each baseline row migscale's paired
+difference from it on the same worlds (``paired_interval``), and each row the missed
+requests by cause (``missed_by_cause``: within the reaction lag, past it, or with the
+capacity covering the arrivals).
 
 Frontier: each policy also runs at 3-5 settings of its main knob (migscale:
 the learned headroom's quantile; the HPA baselines: their target value), so
