@@ -243,11 +243,9 @@ def seed_interval(rs: list[dict[str, Any]], key: str = "attainment", level: floa
     n = len(means)
     if n < 2:
         return None
-    mean = sum(means) / n
-    sd = math.sqrt(sum((m - mean) ** 2 for m in means) / (n - 1))
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
-    return {"level": level, "seeds": n, "mean": _r(mean), "se": _r(sd / math.sqrt(n)),
-            "lo": _r(mean - half), "hi": _r(mean + half)}
+    mean, se = sum(means) / n, float(stats.sem(means))
+    lo, hi = stats.t.interval(level, n - 1, loc=mean, scale=se) if se > 0 else (mean, mean)
+    return {"level": level, "seeds": n, "mean": _r(mean), "se": _r(se), "lo": _r(float(lo)), "hi": _r(float(hi))}
 
 
 def paired_interval(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -268,6 +266,7 @@ def summarise(runs: list[dict[str, Any]], seeds: tuple[int, ...], families: list
     """Per family and overall, per policy at its ``pick``ed knob: the table the README quotes."""
     out: dict[str, Any] = {}
     oracle = {(r["family"], r["seed"]): r for r in runs if r["policy"] == "oracle"}
+    ours = [r for r in runs if r["policy"] == "migscale" and r["knob"] == pick.get("migscale")]
     for fam in [*families, "overall"]:
         fams = families if fam == "overall" else [fam]
         row: dict[str, Any] = {}
@@ -300,8 +299,7 @@ def summarise(runs: list[dict[str, Any]], seeds: tuple[int, ...], families: list
                 row[pol]["missed_by_cause"] = {k: _r(_mean(r["missed"][k] for r in rs))
                                                for k in ("within_lag", "past_lag", "capacity_met")}
             if pol != "migscale" and "migscale" in pick:
-                row[pol]["migscale_minus_this"] = paired_interval(
-                    [r for r in runs if r["policy"] == "migscale" and r["knob"] == pick["migscale"]], rs)
+                row[pol]["migscale_minus_this"] = paired_interval(ours, rs)
         out[fam] = row
     return out
 
