@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import queue
 import sys
 import threading
@@ -204,14 +205,31 @@ def initial_layout():
 # ------------------------------------------------------------------ real side
 
 
-class OpenLoopLoad:
-    """Poisson arrivals at ``shape.total_rps(t)``; a worker pool sends them through the front door."""
+# Seconds of the peak rate's arrivals the load keeps in flight at once. Sends are
+# blocking, so the pool bounds what is in flight (Little's law: rate x latency);
+# a pool smaller than that turns the load closed-loop: due requests wait in the
+# client, unseen by the replicas, and reach them in a rush when capacity frees
+# up, which the burst layer reads as arrivals the trace never had. The scenario's
+# latencies stay under 0.5 s, so one second of arrivals leaves twice the margin.
+IN_FLIGHT_S = 1.0
+FEED_AHEAD_S = 0.1
 
-    def __init__(self, url: str, shape: Step, workers: int = 12, seed: int = 0) -> None:
+
+class OpenLoopLoad:
+    """Poisson arrivals at ``shape.total_rps(t)``; a worker pool sends them through the front door.
+
+    The pool holds ``IN_FLIGHT_S`` of the peak rate (at least 12 workers), so arrivals
+    queue at the replicas, where the loop and the simulator see them, not in the client;
+    each record keeps how late its send started, to show the load stayed open-loop."""
+
+    def __init__(self, url: str, shape: Step, workers: int | None = None, seed: int = 0) -> None:
+        if workers is None:
+            workers = max(12, math.ceil(max(shape.levels) * IN_FLIGHT_S))
         self.url, self.shape, self.workers = url.removeprefix("http://"), shape, workers
         self.rng = np.random.default_rng(seed)
         self.q: queue.Queue[float | None] = queue.Queue()
-        self.records: list[tuple[float, float, bool]] = []  # (sent at, latency s, ok)
+        # (due s, latency s from due, ok, send started late by s)
+        self.records: list[tuple[float, float, bool, float]] = []
         self._lock = threading.Lock()
 
     def _worker(self, t0: float) -> None:
@@ -227,6 +245,7 @@ class OpenLoopLoad:
             wait = t0 + due - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
+            late = max(0.0, time.monotonic() - t0 - due)
             ok = True
             try:
                 resend.infer(client, "resnet", [inp])  # through the door, which reloads as it scales
@@ -234,7 +253,7 @@ class OpenLoopLoad:
                 ok = False
             with self._lock:
                 # latency counted from the scheduled time: a late send is queueing too
-                self.records.append((due, time.monotonic() - t0 - due, ok))
+                self.records.append((due, time.monotonic() - t0 - due, ok, late))
         client.close()
 
     def run(self, t0: float) -> None:
@@ -246,8 +265,10 @@ class OpenLoopLoad:
             rate = self.shape.total_rps(t)
             t += self.rng.exponential(1.0 / rate) if rate > 0 else 0.5
             if t < self.shape.duration_s and rate > 0:
-                # feed the queue no earlier than ~1 s ahead of time
-                ahead = t0 + t - time.monotonic() - 1.0
+                # fed a little ahead, so a send never waits on this thread's sleep; a
+                # worker holding a request sleeps until it is due, so every second fed
+                # ahead ties up a second of arrivals' worth of the pool
+                ahead = t0 + t - time.monotonic() - FEED_AHEAD_S
                 if ahead > 0:
                     time.sleep(ahead)
                 self.q.put(t)
@@ -404,7 +425,7 @@ def compare(shape: Step, real: dict[str, Any], sim: dict[str, Any]) -> dict[str,
 
     n_lv = len(shape.levels)
     hi_start, hi_end = shape.duration_s / n_lv, 2 * shape.duration_s / n_lv
-    rec = np.array(real["records"]) if real["records"] else np.zeros((0, 3))
+    rec = np.array(real["records"]) if real["records"] else np.zeros((0, 4))
     in_hi = (rec[:, 0] >= hi_start) & (rec[:, 0] < hi_end) if len(rec) else np.zeros(0, bool)
     lat = np.where(rec[:, 2] > 0, rec[:, 1], np.inf)[in_hi] if len(rec) else np.zeros(0)
     real_p99 = float(np.quantile(lat, 0.99) * 1000.0) if len(lat) else None
@@ -427,7 +448,10 @@ def compare(shape: Step, real: dict[str, Any], sim: dict[str, Any]) -> dict[str,
         "p99_high_phase_ms": {"real": real_p99 and round(real_p99, 1), "sim": sim_p99 and round(sim_p99, 1)},
         "p99_rel_gap": p99_gap and round(p99_gap, 3),
         "p99_settled_ms": {"real": real_set and round(real_set, 1), "sim": sim_set and round(sim_set, 1)},
-        "requests": {"sent": len(rec), "failed": int((rec[:, 2] == 0).sum()) if len(rec) else 0},
+        "requests": {"sent": len(rec), "failed": int((rec[:, 2] == 0).sum()) if len(rec) else 0,
+                     # how late the client started its sends: near zero while the load is open-loop
+                     "send_late_p99_ms": round(float(np.quantile(rec[:, 3], 0.99)) * 1000.0, 1)
+                     if len(rec) else None},
         "within_20pct": bool(mad <= 0.2 and p99_gap is not None and p99_gap <= 0.2),
     }
 

@@ -125,9 +125,9 @@ def render(rec: dict[str, Any]) -> None:
             ", ".join(reasons.get(name, [])),
         )
     console.print(t)
-    floor = Table(title="predictive floor and burst layer (required = max(floor, burst, hold))")
+    floor = Table(title="predictive floor and burst layer (required = max(floor, burst, hold, rise))")
     for col in ("model", "forecast rps", "horizon s", "headroom", "floor rps", "burst rps", "hold rps",
-                "required rps"):
+                "rise rps", "required rps"):
         floor.add_column(col)
     why: list[str] = []
     for name in sorted(models):
@@ -137,7 +137,7 @@ def render(rec: dict[str, Any]) -> None:
         h = d.get("headroom")
         floor.add_row(name, _num(d.get("forecast_rps")), _num(d.get("horizon_s"), "{:.0f}"),
                       "—" if h is None else f"{100 * h:.0f}%", _num(d.get("floor_rps")), _num(d.get("burst_rps")),
-                      _num(d.get("hold_rps")), _num(d.get("required_rps")))
+                      _num(d.get("hold_rps")), _num(d.get("rise_rps")), _num(d.get("required_rps")))
         why.append(headroom_sentence(name, d))
         cyc = cycle_sentence(name, d)
         if cyc:

@@ -41,10 +41,13 @@ class FastScrape:
     samples while a tick reads)."""
 
     def __init__(self, targets: Targets, window_s: float = 3.0, stale_s: float = 3.0, timeout_s: float = 0.5,
-                 fetch=None) -> None:
+                 fetch=None, min_span_s: float = 1.0) -> None:
         if not (math.isfinite(window_s) and window_s > 0):
             raise ValueError(f"window_s: must be > 0, got {window_s!r}")
         self.window_s = window_s
+        # The shortest span a model's rates are read over: the idle hook's scrape
+        # interval. Less is two scrapes a moment apart (a tick's own right after the hook's).
+        self.min_span_s = min_span_s
         self.stale_s = stale_s
         self._src = ScrapeSource(targets, window_s=window_s, long_window_s=2 * window_s, metrics_stale_s=stale_s,
                                  timeout_s=timeout_s, fetch=fetch)
@@ -56,44 +59,37 @@ class FastScrape:
             self._src.scrape(now_s, [])
 
     def signals(self, now_s: float) -> dict[str, FastSignals]:
-        """Per model, the fast signals over the last ``window_s``; models with no replica
-        scraped twice in it are absent."""
+        """Per model, the fast signals over the last ``window_s``, as rates over the model's
+        span (``ScrapeSource.model_windows``); models whose replicas' scrapes span less
+        than half the window are absent."""
         out: dict[str, FastSignals] = {}
         with self._lock:
-            src = self._src
-            per_model: dict[str, list[tuple[float, float, dict[str, float], float | None, float | None]]] = {}
-            for rid, model in src.models_of.items():
-                w = src._window(rid, now_s, self.window_s)
-                if len(w) < 2:
-                    continue
-                rates = src.replica_rates(rid, now_s, self.window_s)
-                if rates is None:
-                    continue
-                dt = w[-1].t_s - w[0].t_s
-                per_model.setdefault(model, []).append((w[-1].t_s, dt, rates, w[0].pending, w[-1].pending))
-        for model, rows in per_model.items():
-            t_s = max(r[0] for r in rows)
-            width = max(r[1] for r in rows)
-            succ = sum(r[2].get(SUCCESS, 0.0) for r in rows)
-            fail = sum(r[2].get(FAILURE, 0.0) for r in rows)
+            windows = self._src.model_windows(now_s, self.window_s)
+        for model, mw in windows.items():
+            if mw.span_s < self.min_span_s:
+                continue  # scrapes a moment apart: a rate over them is noise, not a signal
+            rows = [(rates, first, last) for _rid, rates, first, last in mw.rows]
+            t_s = max(last.t_s for _r, _f, last in rows)
+            succ = sum(r.get(SUCCESS, 0.0) for r, _f, _l in rows)
+            fail = sum(r.get(FAILURE, 0.0) for r, _f, _l in rows)
             growth = 0.0
             pend_now: float | None = None
-            for _t, dt, _r, p0, p1 in rows:
-                if p1 is not None:
-                    pend_now = (pend_now or 0.0) + p1
-                if p0 is not None and p1 is not None and dt > 0:
-                    growth += (p1 - p0) / dt
-            queue = sum(r[2].get(QUEUE, 0.0) for r in rows)
-            comp_parts = [sum(r[2].get(n, 0.0) for r in rows) for n in COMPUTE]
-            has_comp = any(any(n in r[2] for n in COMPUTE) for r in rows)
+            for _r, first, last in rows:
+                if last.pending is not None:
+                    pend_now = (pend_now or 0.0) + last.pending
+                if first.pending is not None and last.pending is not None:
+                    growth += (last.pending - first.pending) / mw.span_s
+            queue = sum(r.get(QUEUE, 0.0) for r, _f, _l in rows)
+            comp_parts = [sum(r.get(n, 0.0) for r, _f, _l in rows) for n in COMPUTE]
+            has_comp = any(any(n in r for n in COMPUTE) for r, _f, _l in rows)
             out[model] = FastSignals(
                 t_s=t_s,
-                window_s=width,
+                window_s=mw.span_s,
                 arrival_rps=max(0.0, succ + fail + growth),
                 completed_rps=succ,
                 pending=pend_now,
                 # an average over no request is undefined: None, never 0
-                avg_queue_ms=queue / succ / 1000.0 if succ > 0 and any(QUEUE in r[2] for r in rows) else None,
+                avg_queue_ms=queue / succ / 1000.0 if succ > 0 and any(QUEUE in r for r, _f, _l in rows) else None,
                 avg_compute_ms=sum(comp_parts) / succ / 1000.0 if succ > 0 and has_comp else None,
             )
         return out

@@ -58,6 +58,14 @@ class Scrape:
     quantiles: Mapping[float, float] = field(default_factory=dict)  # quantile -> microseconds
 
 
+@dataclass(frozen=True)
+class ModelWindow:
+    """One model's replicas over a window (``ScrapeSource.model_windows``)."""
+
+    span_s: float  # the widest of its replicas' spans: what the rates are per second of
+    rows: tuple[tuple[str, dict[str, float], Scrape, Scrape], ...]  # (replica, rates, first, last scrape)
+
+
 class ParseError(ValueError):
     pass
 
@@ -168,13 +176,12 @@ class ScrapeSource:
             inside = [older[-1]] + inside
         return inside
 
-    def replica_rates(self, rid: str, now_s: float, window_s: float | None = None) -> dict[str, float] | None:
-        """Per-second increase of each counter over the window; None with < 2 scrapes."""
+    def replica_increases(self, rid: str, now_s: float, window_s: float | None = None
+                          ) -> tuple[dict[str, float], list[Scrape]] | None:
+        """Each counter's increase over the replica's scrapes in the window, and those
+        scrapes; None with fewer than 2, or none of the window's time between them."""
         w = self._window(rid, now_s, window_s or self.window_s)
-        if len(w) < 2:
-            return None
-        dt = w[-1].t_s - w[0].t_s
-        if dt <= 0:
+        if len(w) < 2 or w[-1].t_s <= w[0].t_s:
             return None
         out = {}
         for name in COUNTERS:
@@ -186,7 +193,38 @@ class ScrapeSource:
             first = next(i for i, v in enumerate(series) if v is not None)
             known = [0.0] * first + [v for v in series[first:] if v is not None]
             if len(known) >= 2:
-                out[name] = counter_increase(known) / dt
+                out[name] = counter_increase(known)
+        return out, w
+
+    def replica_rates(self, rid: str, now_s: float, window_s: float | None = None) -> dict[str, float] | None:
+        """Per-second increase of each counter over the replica's own scrapes in the window
+        (what that replica did while it was scraped); None with < 2 scrapes."""
+        inc = self.replica_increases(rid, now_s, window_s)
+        if inc is None:
+            return None
+        counts, w = inc
+        dt = w[-1].t_s - w[0].t_s
+        return {name: v / dt for name, v in counts.items()}
+
+    def model_windows(self, now_s: float, window_s: float | None = None) -> dict[str, ModelWindow]:
+        """Per model, its replicas' counter increases over the window as rates over the model's
+        span (its replicas' widest), with each replica's first and last scrape in it.
+
+        Over the model's span, not each replica's own: a replica that joined inside the
+        window served only part of it, and its few requests over its own short span would
+        read as a rate it never had. Two scrapes 0.1 s apart (the tick's own scrape right
+        after the idle hook's) holding 6 completions are 60 req/s over 0.1 s but 2 req/s
+        over the model's 3 s; summed with the others as the first, a 70 req/s model read 131."""
+        incs: dict[str, list[tuple[str, dict[str, float], list[Scrape]]]] = {}
+        for rid, model in self.models_of.items():
+            inc = self.replica_increases(rid, now_s, window_s)
+            if inc is not None:
+                incs.setdefault(model, []).append((rid, *inc))
+        out: dict[str, ModelWindow] = {}
+        for model, rows in incs.items():
+            span = max(w[-1].t_s - w[0].t_s for _, _, w in rows)
+            out[model] = ModelWindow(span, tuple(
+                (rid, {n: v / span for n, v in counts.items()}, w[0], w[-1]) for rid, counts, w in rows))
         return out
 
     # ------------------------------------------------------------ MetricsSource
@@ -198,15 +236,15 @@ class ScrapeSource:
         if n_targets and failures == n_targets:
             self.last_notes = tuple(notes)
             raise ConnectionError(f"every Triton /metrics scrape failed ({n_targets} targets)")
-        per_model: dict[str, list[tuple[str, dict[str, float], Scrape]]] = {}
+        per_model = {m: [(rid, rates, last) for rid, rates, _first, last in mw.rows]
+                     for m, mw in self.model_windows(now_s).items()}
         rep_out: dict[str, ReplicaSignals] = {}
         stale = self.metrics_stale_s
         for rid, model in self.models_of.items():
-            rates = self.replica_rates(rid, now_s)
+            rates = self.replica_rates(rid, now_s)  # its own span: the replica's own busy fraction
             if rates is None:
                 continue
             last = self.history[rid][-1]
-            per_model.setdefault(model, []).append((rid, rates, last))
             busy, note = check_value(
                 "busy_fraction",
                 rates.get("nv_inference_compute_infer_duration_us", math.nan) / 1e6,

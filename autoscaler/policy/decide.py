@@ -184,6 +184,7 @@ class ModelDiagnostics:
     floor_rps: float | None = None  # forecast x correction x (1 + headroom)
     burst_rps: float | None = None  # the burst layer's ask (None: no fresh fast signals)
     hold_rps: float | None = None  # long-window demand x correction x (1 + headroom), at most what runs
+    rise_rps: float | None = None  # short-window demand x correction x (1 + headroom) while it leads the long
     headroom: float | None = None
     headroom_learned: bool = False  # False: the prior, too few samples yet
     headroom_quantile: float | None = None  # the quantile it is learned at (None: fixed)
@@ -564,19 +565,22 @@ class _Prediction:
     floor: float | None
     burst: float | None
     hold: float | None
+    rise: float | None
     headroom: float
     required: float | None
 
 
 def _predict(seen: _Seen, cfg: PolicyConfig, now_s: float) -> _Prediction:
-    """required = max(floor, burst, hold).
+    """required = max(floor, burst, hold, rise).
 
     floor: the forecaster's envelope over the reaction horizon. burst: what the
     fast signals show arriving now plus the backlog (``burst.demand``); without
     fast signals, the metrics window's demand, saturation guess included, plays
     that part. Neither feeds back into the forecaster, so a burst never ratchets
     the floor. hold: the long window's demand x correction x (1 + headroom), capped
-    at the capacity that runs, so it can keep replicas but never add one."""
+    at the capacity that runs, so it can keep replicas but never add one. rise:
+    while the short window's demand leads the long window's (a rise both have
+    seen), the short window's demand x correction x (1 + headroom)."""
     hroom = fc.current(seen.headroom, cfg.headroom_learning)
     floor = seen.envelope * seen.corr * (1.0 + hroom) if seen.envelope is not None else None
     fast = seen.sig.fast if seen.sig is not None else None
@@ -600,8 +604,19 @@ def _predict(seen: _Seen, cfg: PolicyConfig, now_s: float) -> _Prediction:
     measured_only = not any(x.guess for x in seen.hist if x.t_s > now_s - cfg.long_window_s)
     if est is not None and est.long_rps is not None and measured_only and seen.cap > 0:
         hold = min(est.long_rps * seen.corr * (1.0 + hroom), seen.cap)
-    vals = [v for v in (floor, burst, hold) if v is not None]
-    return _Prediction(floor, burst, hold, hroom, max(vals) if vals else None)
+    # A rise that settles between capacity / (1 + headroom) and capacity is left
+    # without headroom by the other three: the burst layer waits for arrivals
+    # above capacity, the hold may not add, and the floor's level trails by its
+    # time constant. On make demo's 40 -> 174 req/s step (three resnet replicas
+    # serve exactly 174) three replicas ran at 94% of their capacity for 25 s
+    # while the floor caught up. The short window leading the long one confirms
+    # the rise; from measured rates only, for the hold's reason.
+    rise = None
+    if est is not None and est.short_rps is not None and est.long_rps is not None and measured_only \
+            and est.short_rps > est.long_rps:
+        rise = est.short_rps * seen.corr * (1.0 + hroom)
+    vals = [v for v in (floor, burst, hold, rise) if v is not None]
+    return _Prediction(floor, burst, hold, rise, hroom, max(vals) if vals else None)
 
 
 def decide(
@@ -712,6 +727,7 @@ def decide(
             floor_rps=pred.floor,
             burst_rps=pred.burst,
             hold_rps=pred.hold,
+            rise_rps=pred.rise,
             headroom=pred.headroom,
             headroom_learned=seen.headroom.value is not None,
             headroom_quantile=config.headroom_quantile,

@@ -467,6 +467,37 @@ def test_the_long_window_demand_keeps_replicas_the_lagging_floor_would_remove():
     assert h.state.diagnostics["a"].floor_rps > 150  # the floor caught up and took over
 
 
+def test_a_rise_settling_just_under_capacity_gets_headroom_from_the_short_window():
+    # 40 req/s for 5 minutes, then 145: the burst layer adds up to 3 x 50 = 150 req/s,
+    # and 145 arrive. Neither the burst layer (arrivals below capacity) nor the hold
+    # (never above what runs) adds more, and the floor's level trails; the short
+    # window leading the long one confirms the rise and asks 145 x 1.2 = 174.
+    cfg = config(short_window_s=10, long_window_s=30)
+    h = Harness(cfg, cluster(a=1))
+    for t in range(0, 300, 5):
+        h.step(t, {"a": sig("a", 40, t), "b": sig("b", 100 / 1.2, t)})
+        assert h.state.diagnostics["a"].rise_rps is None  # steady: the windows agree
+    counts, rises = [], []
+    for t in range(300, 340, 5):
+        h.step(t, {"a": sig("a", 145, t), "b": sig("b", 100 / 1.2, t)})
+        d = h.state.diagnostics["a"]
+        counts.append(h.count("a"))
+        rises.append(d.rise_rps)
+        if d.rise_rps is not None:
+            assert d.demand_short_rps > d.demand_long_rps
+            assert d.rise_rps == pytest.approx(d.demand_short_rps * 1.2)
+            assert d.required_rps >= d.rise_rps
+    assert counts[0] == 3  # the burst layer: what arrives, no headroom
+    assert d.floor_rps < 150 and d.hold_rps <= 200  # neither would have asked for a fourth
+    assert 4 in counts and counts == sorted(counts), (counts, rises)
+    assert rises[0] is None or rises[0] <= 150  # the first tick's short window still holds the 40s
+    assert any(r is not None and r > 150 for r in rises)
+    # a fall is no rise: once the load drops, the short window trails the long one
+    for t in range(340, 360, 5):
+        h.step(t, {"a": sig("a", 60, t), "b": sig("b", 100 / 1.2, t)})
+        assert h.state.diagnostics["a"].rise_rps is None
+
+
 def test_a_saturation_guess_scales_up_but_never_feeds_the_floor():
     # 100 req/s served on 100 req/s of capacity with 2000 queued: demand reads
     # 100 + 2000 / 10 s = 300, a guess. Without fast signals it plays the burst

@@ -53,6 +53,34 @@ def test_arrivals_are_completions_plus_failures_plus_queue_growth():
     assert f.avg_compute_ms == pytest.approx(20.0)
 
 
+def test_a_replica_that_joined_inside_the_window_counts_over_the_models_span():
+    # r1 serves 70 req/s, scraped every second; r2 becomes ready and is scraped at
+    # 102.9 and, for the tick, at 103.0, having completed 6 requests between. Over its
+    # own 0.1 s that is 60 req/s; over the model's 3 s it is 2 req/s.
+    pages = Pages()
+    targets = {"r1": ("resnet", "u1")}
+    fs = FastScrape(lambda: targets, window_s=3.0, fetch=pages.fetch)
+    for i, t in enumerate((100.0, 101.0, 102.0)):
+        pages.text = {"u1": expo(70 * i, 0, 0, 0)}
+        fs.sample(t)
+    targets["r2"] = ("resnet", "u2")
+    pages.text = {"u1": expo(70 * 2.9, 0, 0, 0), "u2": expo(10, 1, 0, 0)}
+    fs.sample(102.9)
+    pages.text = {"u1": expo(70 * 3, 0, 0, 0), "u2": expo(16, 0, 0, 0)}
+    fs.sample(103.0)
+    f = fs.signals(103.0)["resnet"]
+    assert f.window_s == pytest.approx(3.0)
+    assert f.completed_rps == pytest.approx(70.0 + 6 / 3.0)
+    assert f.arrival_rps == pytest.approx(70.0 + 6 / 3.0 - 1 / 3.0)  # its queue fell by one
+    # a model whose only scrapes are a moment apart has no rate yet, not a huge one
+    solo = FastScrape(lambda: {"r2": ("resnet", "u2")}, window_s=3.0, fetch=pages.fetch)
+    pages.text = {"u2": expo(10, 0, 0, 0)}
+    solo.sample(200.0)
+    pages.text = {"u2": expo(16, 0, 0, 0)}
+    solo.sample(200.1)
+    assert solo.signals(200.1) == {}
+
+
 def test_no_fresh_pair_of_scrapes_means_no_fast_signals_not_zero():
     pages = Pages()
     fs = FastScrape(lambda: {"r1": ("resnet", "u1")}, window_s=3.0, stale_s=3.0, fetch=pages.fetch)

@@ -135,6 +135,24 @@ def test_rates_and_averages_over_the_window():
     assert reps["r1"].busy_fraction == pytest.approx(0.2)  # 2 s of compute in 10 s
 
 
+def test_a_replica_that_joined_inside_the_window_adds_its_requests_over_the_models_span():
+    # r1 serves 50 req/s, read every 5 s over a 10 s window from 5 s on; r2 joins at
+    # 10 s and has served 100 requests by 15 s: the model completed 500 + 100 over the
+    # last 10 s, 60 req/s, not 50 + 100 / 5 = 70. Each replica's own busy fraction is
+    # its own span's.
+    targets = {"r1": ("resnet", "u1")}
+    src, fetch = source(targets)
+    fetch.texts["u1"] = expo(success=250, infer_us=2.5e6)
+    src.read(["resnet"], [], 5.0)
+    targets["r2"] = ("resnet", "u2")
+    fetch.texts = {"u1": expo(success=500, infer_us=5e6), "u2": expo(success=0)}
+    src.read(["resnet"], [], 10.0)
+    fetch.texts = {"u1": expo(success=750, infer_us=7.5e6), "u2": expo(success=100, infer_us=2e6)}
+    models, reps = src.read(["resnet"], [], 15.0)
+    assert models["resnet"].success_rate == pytest.approx((500 + 100) / 10)
+    assert reps["r1"].busy_fraction == pytest.approx(0.5) and reps["r2"].busy_fraction == pytest.approx(0.4)
+
+
 def test_counter_reset_between_scrapes_counts_from_zero():
     src, fetch = source({"r1": ("resnet", "u1")}, window_s=30)
     for t, n in ((0, 1000), (10, 1100), (20, 40), (30, 140)):  # restart between 10 and 20
