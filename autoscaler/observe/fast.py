@@ -61,7 +61,7 @@ class FastScrape:
     def signals(self, now_s: float) -> dict[str, FastSignals]:
         """Per model, the fast signals over the last ``window_s``, as rates over the model's
         span (``ScrapeSource.model_windows``); models whose replicas' scrapes span less
-        than half the window are absent."""
+        than ``min_span_s`` are absent."""
         out: dict[str, FastSignals] = {}
         with self._lock:
             windows = self._src.model_windows(now_s, self.window_s)
