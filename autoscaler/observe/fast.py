@@ -68,20 +68,20 @@ class FastScrape:
         for model, mw in windows.items():
             if mw.span_s < self.min_span_s:
                 continue  # scrapes a moment apart: a rate over them is noise, not a signal
-            rows = [(rates, first, last) for _rid, rates, first, last in mw.rows]
-            t_s = max(last.t_s for _r, _f, last in rows)
-            succ = sum(r.get(SUCCESS, 0.0) for r, _f, _l in rows)
-            fail = sum(r.get(FAILURE, 0.0) for r, _f, _l in rows)
+            rows = mw.rows
+            t_s = max(rw.last.t_s for rw in rows)
+            succ = sum(rw.rates.get(SUCCESS, 0.0) for rw in rows)
+            fail = sum(rw.rates.get(FAILURE, 0.0) for rw in rows)
             growth = 0.0
             pend_now: float | None = None
-            for _r, first, last in rows:
-                if last.pending is not None:
-                    pend_now = (pend_now or 0.0) + last.pending
-                if first.pending is not None and last.pending is not None:
-                    growth += (last.pending - first.pending) / mw.span_s
-            queue = sum(r.get(QUEUE, 0.0) for r, _f, _l in rows)
-            comp_parts = [sum(r.get(n, 0.0) for r, _f, _l in rows) for n in COMPUTE]
-            has_comp = any(any(n in r for n in COMPUTE) for r, _f, _l in rows)
+            for rw in rows:
+                if rw.last.pending is not None:
+                    pend_now = (pend_now or 0.0) + rw.last.pending
+                if rw.first.pending is not None and rw.last.pending is not None:
+                    growth += (rw.last.pending - rw.first.pending) / mw.span_s
+            queue = sum(rw.rates.get(QUEUE, 0.0) for rw in rows)
+            comp_parts = [sum(rw.rates.get(n, 0.0) for rw in rows) for n in COMPUTE]
+            has_comp = any(any(n in rw.rates for n in COMPUTE) for rw in rows)
             out[model] = FastSignals(
                 t_s=t_s,
                 window_s=mw.span_s,
@@ -89,7 +89,7 @@ class FastScrape:
                 completed_rps=succ,
                 pending=pend_now,
                 # an average over no request is undefined: None, never 0
-                avg_queue_ms=queue / succ / 1000.0 if succ > 0 and any(QUEUE in r for r, _f, _l in rows) else None,
+                avg_queue_ms=queue / succ / 1000.0 if succ > 0 and any(QUEUE in rw.rates for rw in rows) else None,
                 avg_compute_ms=sum(comp_parts) / succ / 1000.0 if succ > 0 and has_comp else None,
             )
         return out

@@ -59,11 +59,21 @@ class Scrape:
 
 
 @dataclass(frozen=True)
+class ReplicaWindow:
+    """One replica's counters over a model's window: rates per second of the model's span."""
+
+    replica: str
+    rates: dict[str, float]
+    first: Scrape  # its first and last scrape in the window
+    last: Scrape
+
+
+@dataclass(frozen=True)
 class ModelWindow:
     """One model's replicas over a window (``ScrapeSource.model_windows``)."""
 
     span_s: float  # the widest of its replicas' spans: what the rates are per second of
-    rows: tuple[tuple[str, dict[str, float], Scrape, Scrape], ...]  # (replica, rates, first, last scrape)
+    rows: tuple[ReplicaWindow, ...]
 
 
 class ParseError(ValueError):
@@ -196,16 +206,6 @@ class ScrapeSource:
                 out[name] = counter_increase(known)
         return out, w
 
-    def replica_rates(self, rid: str, now_s: float, window_s: float | None = None) -> dict[str, float] | None:
-        """Per-second increase of each counter over the replica's own scrapes in the window
-        (what that replica did while it was scraped); None with < 2 scrapes."""
-        inc = self.replica_increases(rid, now_s, window_s)
-        if inc is None:
-            return None
-        counts, w = inc
-        dt = w[-1].t_s - w[0].t_s
-        return {name: v / dt for name, v in counts.items()}
-
     def model_windows(self, now_s: float, window_s: float | None = None) -> dict[str, ModelWindow]:
         """Per model, its replicas' counter increases over the window as rates over the model's
         span (its replicas' widest), with each replica's first and last scrape in it.
@@ -224,7 +224,7 @@ class ScrapeSource:
         for model, rows in incs.items():
             span = max(w[-1].t_s - w[0].t_s for _, _, w in rows)
             out[model] = ModelWindow(span, tuple(
-                (rid, {n: v / span for n, v in counts.items()}, w[0], w[-1]) for rid, counts, w in rows))
+                ReplicaWindow(rid, {n: v / span for n, v in counts.items()}, w[0], w[-1]) for rid, counts, w in rows))
         return out
 
     # ------------------------------------------------------------ MetricsSource
@@ -236,43 +236,42 @@ class ScrapeSource:
         if n_targets and failures == n_targets:
             self.last_notes = tuple(notes)
             raise ConnectionError(f"every Triton /metrics scrape failed ({n_targets} targets)")
-        per_model = {m: [(rid, rates, last) for rid, rates, _first, last in mw.rows]
-                     for m, mw in self.model_windows(now_s).items()}
+        per_model = self.model_windows(now_s)
         rep_out: dict[str, ReplicaSignals] = {}
         stale = self.metrics_stale_s
-        for rid, model in self.models_of.items():
-            rates = self.replica_rates(rid, now_s)  # its own span: the replica's own busy fraction
-            if rates is None:
-                continue
-            last = self.history[rid][-1]
-            busy, note = check_value(
-                "busy_fraction",
-                rates.get("nv_inference_compute_infer_duration_us", math.nan) / 1e6,
-                last.t_s,
-                now_s,
-                stale,
-            )
-            if note and "nv_inference_compute_infer_duration_us" in rates:
-                notes.append(f"{rid}: {note}")
-            rep_out[rid] = ReplicaSignals(replica=rid, model=model, t_s=last.t_s, busy_fraction=busy)
+        for model, mw in per_model.items():
+            for rw in mw.rows:
+                # over its own span: the replica's own busy fraction
+                own = mw.span_s / (rw.last.t_s - rw.first.t_s)
+                busy, note = check_value(
+                    "busy_fraction",
+                    rw.rates.get("nv_inference_compute_infer_duration_us", math.nan) * own / 1e6,
+                    rw.last.t_s,
+                    now_s,
+                    stale,
+                )
+                if note and "nv_inference_compute_infer_duration_us" in rw.rates:
+                    notes.append(f"{rw.replica}: {note}")
+                rep_out[rw.replica] = ReplicaSignals(replica=rw.replica, model=model, t_s=rw.last.t_s,
+                                                     busy_fraction=busy)
         out: dict[str, ModelSignals | None] = {}
         for m in models:
-            rows = per_model.get(m)
-            if not rows:
+            mw = per_model.get(m)
+            if mw is None:
                 notes.append(
                     f"{Reason.HOLD_MISSING_METRICS.value}: {m}: no replica with two scrapes in the window"
                 )
                 out[m] = None
                 continue
-            out[m] = self._model_signals(m, rows, now_s, notes)
+            out[m] = self._model_signals(m, mw.rows, now_s, notes)
         self.last_notes = tuple(notes)
         return out, {r: s for r, s in rep_out.items() if not replicas or r in set(replicas)}
 
-    def _model_signals(self, m, rows, now_s: float, notes: list[str]) -> ModelSignals:
-        t_s = max(last.t_s for _, _, last in rows)
+    def _model_signals(self, m, rows: Sequence[ReplicaWindow], now_s: float, notes: list[str]) -> ModelSignals:
+        t_s = max(rw.last.t_s for rw in rows)
 
         def total(name: str) -> float | None:
-            vals = [r[name] for _, r, _ in rows if name in r]
+            vals = [rw.rates[name] for rw in rows if name in rw.rates]
             return sum(vals) if vals else None
 
         def ok(name: str, v: float | None) -> float | None:
@@ -311,8 +310,8 @@ class ScrapeSource:
         cnt, ex = total("nv_inference_count"), total("nv_inference_exec_count")
         batch = ok("avg_batch", cnt / ex) if cnt is not None and ex else None
         quant: dict[float, float] = {}
-        for _, _, last in rows:
-            for q, v in last.quantiles.items():
+        for rw in rows:
+            for q, v in rw.last.quantiles.items():
                 quant[q] = max(quant.get(q, 0.0), v)
         is_avg = False
         p50, p95, p99 = (
@@ -324,7 +323,7 @@ class ScrapeSource:
             if avg is not None:
                 p50 = p95 = p99 = avg
                 is_avg = True
-        pend_vals = [last.pending for _, _, last in rows if last.pending is not None]
+        pend_vals = [rw.last.pending for rw in rows if rw.last.pending is not None]
         pending = ok("pending", sum(pend_vals)) if pend_vals else None
         return ModelSignals(
             model=m,
