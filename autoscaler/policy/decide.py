@@ -184,7 +184,7 @@ class ModelDiagnostics:
     floor_rps: float | None = None  # forecast x correction x (1 + headroom)
     burst_rps: float | None = None  # the burst layer's ask (None: no fresh fast signals)
     hold_rps: float | None = None  # long-window demand x correction x (1 + headroom), at most what runs
-    rise_rps: float | None = None  # short-window demand x correction x (1 + headroom) while it leads the long
+    rise_rps: float | None = None  # short-window demand x correction x (1 + headroom): leading the long, above the floor, within capacity
     headroom: float | None = None
     headroom_learned: bool = False  # False: the prior, too few samples yet
     headroom_quantile: float | None = None  # the quantile it is learned at (None: fixed)
@@ -580,7 +580,8 @@ def _predict(seen: _Seen, cfg: PolicyConfig, now_s: float) -> _Prediction:
     the floor. hold: the long window's demand x correction x (1 + headroom), capped
     at the capacity that runs, so it can keep replicas but never add one. rise:
     while the short window's demand leads the long window's (a rise both have
-    seen), the short window's demand x correction x (1 + headroom)."""
+    seen) and that demand lies above the floor and within capacity, the short
+    window's demand x correction x (1 + headroom)."""
     hroom = fc.current(seen.headroom, cfg.headroom_learning)
     floor = seen.envelope * seen.corr * (1.0 + hroom) if seen.envelope is not None else None
     fast = seen.sig.fast if seen.sig is not None else None
@@ -610,11 +611,16 @@ def _predict(seen: _Seen, cfg: PolicyConfig, now_s: float) -> _Prediction:
     # time constant. On make demo's 40 -> 174 req/s step (three resnet replicas
     # serve exactly 174) three replicas ran at 94% of their capacity for 25 s
     # while the floor caught up. The short window leading the long one confirms
-    # the rise; from measured rates only, for the hold's reason.
+    # the rise; from measured rates only, for the hold's reason. It adds only in
+    # that gap: demand the floor already covers is noise its envelope priced in
+    # (the floor carries the headroom), and demand above capacity is the burst
+    # layer's, which asks for what arrives and no more.
     rise = None
     if est is not None and est.short_rps is not None and est.long_rps is not None and measured_only \
             and est.short_rps > est.long_rps:
-        rise = est.short_rps * seen.corr * (1.0 + hroom)
+        now_rps = est.short_rps * seen.corr
+        if (floor is None or now_rps > floor) and now_rps <= seen.cap:
+            rise = now_rps * (1.0 + hroom)
     vals = [v for v in (floor, burst, hold, rise) if v is not None]
     return _Prediction(floor, burst, hold, rise, hroom, max(vals) if vals else None)
 

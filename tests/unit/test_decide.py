@@ -498,6 +498,47 @@ def test_a_rise_settling_just_under_capacity_gets_headroom_from_the_short_window
         assert h.state.diagnostics["a"].rise_rps is None
 
 
+def test_a_rise_adds_nothing_for_noise_the_floor_already_covers():
+    # 30 req/s with a 10 s swing of +-10%: the short window leads the long one every
+    # other 10 s, but the floor's envelope (x 1.2) already covers what it reads,
+    # so the rise stays out and the count stays at one.
+    cfg = config(short_window_s=10, long_window_s=30)
+    h = Harness(cfg, cluster(a=1))
+    led = 0
+    for t in range(0, 900, 5):
+        rps = 27 if (t // 10) % 2 == 0 else 33
+        h.step(t, {"a": sig("a", rps, t), "b": sig("b", 100 / 1.2, t)})
+        d = h.state.diagnostics["a"]
+        if t >= 300 and d.demand_short_rps > d.demand_long_rps:
+            led += 1
+            assert d.floor_rps >= d.demand_short_rps, (t, d)
+            assert d.rise_rps is None, (t, d)
+    assert led > 20  # the short window led often: the rule was asked, and declined
+    assert h.count("a") == 1
+
+
+def test_a_rise_above_capacity_is_the_burst_layers_and_gets_no_headroom():
+    # 40 -> 300 req/s on 50 req/s replicas: while arrivals outrun what runs, the burst
+    # layer asks for what arrives and no more; the rise adds its headroom only once
+    # the demand is within capacity.
+    cfg = config(short_window_s=10, long_window_s=30)
+    h = Harness(cfg, cluster(a=1))
+    for t in range(0, 300, 5):
+        h.step(t, {"a": sig("a", 40, t), "b": sig("b", 100 / 1.2, t)})
+    above, rises = 0, []
+    for t in range(300, 360, 5):
+        cap_before = 50.0 * h.count("a")
+        h.step(t, {"a": sig("a", 300, t), "b": sig("b", 100 / 1.2, t)})
+        d = h.state.diagnostics["a"]
+        rises.append(d.rise_rps)
+        if d.demand_short_rps > cap_before:
+            above += 1
+            assert d.rise_rps is None, (t, d)
+    assert above >= 1
+    assert any(r is not None and r == pytest.approx(300 * 1.2) for r in rises), rises  # then within capacity
+    assert h.count("a") >= 8
+
+
 def test_a_saturation_guess_scales_up_but_never_feeds_the_floor():
     # 100 req/s served on 100 req/s of capacity with 2000 queued: demand reads
     # 100 + 2000 / 10 s = 300, a guess. Without fast signals it plays the burst
