@@ -417,6 +417,8 @@ def compare(shape: Step, real: dict[str, Any], sim: dict[str, Any]) -> dict[str,
         return live[idx]
 
     r_live, s_live = on_seconds(real["timeline"]), on_seconds(sim["timeline"])
+    r_ready = on_seconds([(t, ready) for t, _live, ready in real["timeline"]])
+    s_ready = on_seconds([(t, ready) for t, _live, ready in sim["timeline"]])
     mad = float(np.mean(np.abs(r_live - s_live)) / max(np.mean(r_live), 1e-9))
 
     def first_up(x):
@@ -445,6 +447,9 @@ def compare(shape: Step, real: dict[str, Any], sim: dict[str, Any]) -> dict[str,
         "replicas_mean_abs_diff_rel": round(mad, 3),
         "replicas_max": {"real": int(r_live.max()), "sim": int(s_live.max())},
         "first_scale_up_s": {"real": first_up(r_live), "sim": first_up(s_live)},
+        # when the first added replica began to serve: the high phase's p99 is mostly the
+        # backlog one replica builds until then
+        "first_ready_up_s": {"real": first_up(r_ready), "sim": first_up(s_ready)},
         "p99_high_phase_ms": {"real": real_p99 and round(real_p99, 1), "sim": sim_p99 and round(sim_p99, 1)},
         "p99_rel_gap": p99_gap and round(p99_gap, 3),
         "p99_settled_ms": {"real": real_set and round(real_set, 1), "sim": sim_set and round(sim_set, 1)},

@@ -60,12 +60,14 @@ class Scrape:
 
 @dataclass(frozen=True)
 class ReplicaWindow:
-    """One replica's counters over a model's window: rates per second of the model's span."""
+    """One replica's counters over a model's window: their increases between its first and last
+    scrape in it, and those as rates per second of the model's span."""
 
     replica: str
     rates: dict[str, float]
     first: Scrape  # its first and last scrape in the window
     last: Scrape
+    increases: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -224,7 +226,8 @@ class ScrapeSource:
         for model, rows in incs.items():
             span = max(w[-1].t_s - w[0].t_s for _, _, w in rows)
             out[model] = ModelWindow(span, tuple(
-                ReplicaWindow(rid, {n: v / span for n, v in counts.items()}, w[0], w[-1]) for rid, counts, w in rows))
+                ReplicaWindow(rid, {n: v / span for n, v in counts.items()}, w[0], w[-1], counts)
+                for rid, counts, w in rows))
         return out
 
     # ------------------------------------------------------------ MetricsSource
@@ -242,15 +245,15 @@ class ScrapeSource:
         for model, mw in per_model.items():
             for rw in mw.rows:
                 # over its own span: the replica's own busy fraction
-                own = mw.span_s / (rw.last.t_s - rw.first.t_s)
+                own_s = rw.last.t_s - rw.first.t_s
                 busy, note = check_value(
                     "busy_fraction",
-                    rw.rates.get("nv_inference_compute_infer_duration_us", math.nan) * own / 1e6,
+                    rw.increases.get("nv_inference_compute_infer_duration_us", math.nan) / own_s / 1e6,
                     rw.last.t_s,
                     now_s,
                     stale,
                 )
-                if note and "nv_inference_compute_infer_duration_us" in rw.rates:
+                if note and "nv_inference_compute_infer_duration_us" in rw.increases:
                     notes.append(f"{rw.replica}: {note}")
                 rep_out[rw.replica] = ReplicaSignals(replica=rw.replica, model=model, t_s=rw.last.t_s,
                                                      busy_fraction=busy)
