@@ -29,7 +29,7 @@ measured, the belief is not, as in production.
 
 Prints ONE JSON object: per-second replica-count timelines (real, sim), their
 mean absolute difference relative to the real mean, the max counts, the time
-of the first scale-up, and the p99 of the requests sent in the high phase
+of the first scale-up and of the first added replica serving, and the p99 of the requests sent in the high phase
 (real: measured per request; sim: the exact quantile of the fluid model's
 per-step sojourn distributions, failures counted as infinite on both sides)
 with the relative gap; ``within_20pct`` says whether both comparisons are
