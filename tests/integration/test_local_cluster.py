@@ -311,6 +311,18 @@ def _status_ready(run_dir: Path):
     return doc if len(reps) == 2 and all(x["state"] == "ready" for x in reps) else None
 
 
+def _wait_ready(run_dir: Path, log: Path, what: str):
+    """``_status_ready`` within 90 s; a timeout names the replicas' states and the end of ``up``'s
+    output, which a bare ``None`` would hide."""
+    try:
+        return wait_until(lambda: _status_ready(run_dir), 90, what, interval_s=0.5)
+    except AssertionError as exc:
+        doc = live_status(run_dir)
+        states = None if doc is None else [(r.get("model"), r.get("state")) for r in doc["replicas"]]
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+        raise AssertionError(f"{exc}; replicas: {states}; `up` printed, last: {tail!r}") from None
+
+
 def _recorded(run_dir: Path) -> set[int]:
     pids = {c["pid"] for c in json.loads((run_dir / "pids.json").read_text())["children"]}
     for p in list(pids):
@@ -372,15 +384,17 @@ def test_cli_up_after_a_crashed_controller_cleans_its_orphans(tmp_path):
     """kill -9 of the controller: its children die with it (parent-death signal); `up`
     again brings the same replicas back and nothing of the old stack runs beside them."""
     models, cluster, run_dir = _write_configs(tmp_path)
-    up = subprocess.Popen(
-        [sys.executable, "-m", "autoscaler", "up", str(models), str(cluster), "--run-dir", str(run_dir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    up_log = tmp_path / "up.log"
+    with up_log.open("w") as out:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "autoscaler", "up", str(models), str(cluster), "--run-dir", str(run_dir)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     up2 = None
     try:
-        wait_until(lambda: _status_ready(run_dir), 90, "both replicas ready", interval_s=0.5)
+        _wait_ready(run_dir, up_log, "both replicas ready")
         before = json.loads((run_dir / "status.json").read_text())["replicas"]
         orphans = _recorded(run_dir)
         os.kill(up.pid, signal.SIGKILL)  # the controller dies without cleaning up
