@@ -29,10 +29,10 @@ measured, the belief is not, as in production.
 
 Prints ONE JSON object: per-second replica-count timelines (real, sim), their
 mean absolute difference relative to the real mean, the max counts, the time
-of the first scale-up and of the first added replica serving, and the p99 of the requests sent in the high phase
-(real: measured per request; sim: the exact quantile of the fluid model's
-per-step sojourn distributions, failures counted as infinite on both sides)
-with the relative gap; ``within_20pct`` says whether both comparisons are
+of the first scale-up and of the first added replica serving, and the p99 of
+the requests sent in the high phase (real: measured per request; sim: the
+exact quantile of the fluid model's per-step sojourn distributions, failures
+counted as infinite on both sides) with the relative gap; ``within_20pct`` says whether both comparisons are
 within 20%. ``sim_at_poisson_rate`` and ``sim_at_saturation_rate`` repeat the
 sim side with one service rate, read from each of those two, for comparison.
 
