@@ -10,7 +10,7 @@ measured on the real side, emulated repartition ~instant, Prometheus' 2 s
 scrape interval, the source's window) and the replica's service rate as
 profiled on the real side. After the scenario a closed-loop burst measures a
 replica's saturation throughput, then ``migscale profile``'s open-loop search
-(``runtime.profile.rate_search``) finds the highest Poisson rate whose p99
+(``runtime.profile_sweep.rate_search``) finds the highest Poisson rate whose p99
 meets the SLO -- the arrivals the scenario sends, and the p50 and p99 at each
 rate it tried. The simulator's replica serves as those points say
 (``sim.queueing.ServiceCurve``, as ``migscale simulate`` builds it from a
@@ -148,13 +148,8 @@ def measure_poisson_capacity(url_http: str, url_metrics: str, upper_rps: float,
     measured, then those spread up to ``upper_rps`` (``curve_search``)."""
     from dataclasses import asdict
 
-    from autoscaler.runtime.profile import (
-        PointRule,
-        TritonMeasurer,
-        curve_search,
-        open_capacity_at_slo,
-        rate_search,
-    )
+    from autoscaler.runtime.profile import TritonMeasurer
+    from autoscaler.runtime.profile_sweep import PointRule, curve_search, open_capacity_at_slo, rate_search
 
     m = TritonMeasurer(url_http.removeprefix("http://"), url_metrics, "resnet",
                        PointRule(point_s=3.0, warmup_s=1.0, open_requests=open_requests))

@@ -18,16 +18,15 @@ import typer
 import yaml
 
 from autoscaler.commands._common import fail, load_or_exit
-from autoscaler.runtime.profile import (
+from autoscaler.runtime.profile import TritonMeasurer, plot
+from autoscaler.runtime.profile_sweep import (
     CURVE_FRACTIONS,
     Arrivals,
     PointRule,
     ProfileResult,
-    TritonMeasurer,
     capacity_document,
     concurrency_levels,
     curve_search,
-    plot,
     rate_search,
     sweep,
 )

@@ -70,8 +70,8 @@ class FastScrape:
                 continue  # scrapes a moment apart: a rate over them is noise, not a signal
             rows = mw.rows
             t_s = max(rw.last.t_s for rw in rows)
-            succ = sum(rw.rates.get(SUCCESS, 0.0) for rw in rows)
-            fail = sum(rw.rates.get(FAILURE, 0.0) for rw in rows)
+            succ = mw.total_rate(SUCCESS) or 0.0
+            fail = mw.total_rate(FAILURE) or 0.0
             growth = 0.0
             pend_now: float | None = None
             for rw in rows:
@@ -79,9 +79,9 @@ class FastScrape:
                     pend_now = (pend_now or 0.0) + rw.last.pending
                 if rw.first.pending is not None and rw.last.pending is not None:
                     growth += (rw.last.pending - rw.first.pending) / mw.span_s
-            queue = sum(rw.rates.get(QUEUE, 0.0) for rw in rows)
-            comp_parts = [sum(rw.rates.get(n, 0.0) for rw in rows) for n in COMPUTE]
-            has_comp = any(any(n in rw.rates for n in COMPUTE) for rw in rows)
+            queue = mw.total_rate(QUEUE)
+            comp_parts = [mw.total_rate(n) for n in COMPUTE]
+            has_comp = any(c is not None for c in comp_parts)
             out[model] = FastSignals(
                 t_s=t_s,
                 window_s=mw.span_s,
@@ -89,8 +89,8 @@ class FastScrape:
                 completed_rps=succ,
                 pending=pend_now,
                 # an average over no request is undefined: None, never 0
-                avg_queue_ms=queue / succ / 1000.0 if succ > 0 and any(QUEUE in rw.rates for rw in rows) else None,
-                avg_compute_ms=sum(comp_parts) / succ / 1000.0 if succ > 0 and has_comp else None,
+                avg_queue_ms=queue / succ / 1000.0 if succ > 0 and queue is not None else None,
+                avg_compute_ms=sum(c or 0.0 for c in comp_parts) / succ / 1000.0 if succ > 0 and has_comp else None,
             )
         return out
 

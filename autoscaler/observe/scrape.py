@@ -61,13 +61,12 @@ class Scrape:
 @dataclass(frozen=True)
 class ReplicaWindow:
     """One replica's counters over a model's window: their increases between its first and last
-    scrape in it, and those as rates per second of the model's span."""
+    scrape in it."""
 
     replica: str
-    rates: dict[str, float]
+    increases: dict[str, float]
     first: Scrape  # its first and last scrape in the window
     last: Scrape
-    increases: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -76,6 +75,12 @@ class ModelWindow:
 
     span_s: float  # the widest of its replicas' spans: what the rates are per second of
     rows: tuple[ReplicaWindow, ...]
+
+    def total_rate(self, name: str) -> float | None:
+        """The replicas' summed increase of counter ``name`` per second of the model's span;
+        None when no replica has the series (absent, never 0)."""
+        vals = [rw.increases[name] / self.span_s for rw in self.rows if name in rw.increases]
+        return sum(vals) if vals else None
 
 
 class ParseError(ValueError):
@@ -226,8 +231,7 @@ class ScrapeSource:
         for model, rows in incs.items():
             span = max(w[-1].t_s - w[0].t_s for _, _, w in rows)
             out[model] = ModelWindow(span, tuple(
-                ReplicaWindow(rid, {n: v / span for n, v in counts.items()}, w[0], w[-1], counts)
-                for rid, counts, w in rows))
+                ReplicaWindow(rid, counts, w[0], w[-1]) for rid, counts, w in rows))
         return out
 
     # ------------------------------------------------------------ MetricsSource
@@ -266,16 +270,14 @@ class ScrapeSource:
                 )
                 out[m] = None
                 continue
-            out[m] = self._model_signals(m, mw.rows, now_s, notes)
+            out[m] = self._model_signals(m, mw, now_s, notes)
         self.last_notes = tuple(notes)
         return out, {r: s for r, s in rep_out.items() if not replicas or r in set(replicas)}
 
-    def _model_signals(self, m, rows: Sequence[ReplicaWindow], now_s: float, notes: list[str]) -> ModelSignals:
+    def _model_signals(self, m, mw: ModelWindow, now_s: float, notes: list[str]) -> ModelSignals:
+        rows = mw.rows
         t_s = max(rw.last.t_s for rw in rows)
-
-        def total(name: str) -> float | None:
-            vals = [rw.rates[name] for rw in rows if name in rw.rates]
-            return sum(vals) if vals else None
+        total = mw.total_rate
 
         def ok(name: str, v: float | None) -> float | None:
             if v is None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from autoscaler.runtime.profile import (
+from autoscaler.runtime.profile import avg_batch, triton_counters
+from autoscaler.runtime.profile_sweep import (
     Arrivals,
     ProfileResult,
     StopReason,
     SweepPoint,
-    avg_batch,
     capacity_at_slo,
     capacity_document,
     concurrency_levels,
@@ -17,7 +17,6 @@ from autoscaler.runtime.profile import (
     open_capacity_at_slo,
     rate_search,
     sweep,
-    triton_counters,
 )
 
 

@@ -26,7 +26,7 @@ How (a fast heuristic; ``milp.py`` holds the exact reference):
    replica per tick for a smaller one on an empty instance (``_downsize``).
 2. multinode models (``planner.multinode``) take whole RDMA GPUs,
    all-or-nothing per group, one fabric preferred.
-3. placement (``planner.place`` over ``packing``): a running model short of
+3. placement (``planner.place``, then ``planner.repair``, over ``packing``): a running model short of
    its demand first takes empty instances that exist now, on any usable
    profile (``place_urgent``: ready in a start delay, not after a
    repartition; such a GPU keeps its layout this tick); then new replicas fill GPUs
@@ -64,13 +64,8 @@ from autoscaler.mig.layout import Placement
 from autoscaler.mig.products import PRODUCTS, Product
 from autoscaler.policy.planner.multinode import WHOLE, group_of, plan_multinode
 from autoscaler.policy.planner.packing import GpuWork
-from autoscaler.policy.planner.place import (
-    consolidate,
-    fix_high_availability,
-    place_all,
-    refill,
-    unmet,
-)
+from autoscaler.policy.planner.place import place_all, refill, unmet
+from autoscaler.policy.planner.repair import consolidate, fix_high_availability
 from autoscaler.policy.planner.rightsize import DOWNSIZE_MIN_SLICES, downsize, free_profiles
 from autoscaler.policy.planner.sizing import (
     EPS,
@@ -123,7 +118,7 @@ def plan(
     (``planner.spare.keep_spares``: on calm ticks where a repartition touches one
     GPU; none where it drains the node, ``repartition_scope`` NODE). Where it
     drains the node, consolidation also moves replicas only into instances as
-    cut now (``place.consolidate``).
+    cut now (``repair.consolidate``).
 
     ``fast_path``: a running model short of its demand first takes empty
     instances that exist now (``planner.urgent``), and creates that need no
