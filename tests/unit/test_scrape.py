@@ -8,7 +8,14 @@ import threading
 import pytest
 
 from autoscaler.observe.queries import SUMMARY_WINDOW_S
-from autoscaler.observe.scrape import ScrapeSource, counter_increase, parse_exposition
+from autoscaler.observe.scrape import (
+    ModelWindow,
+    ReplicaWindow,
+    Scrape,
+    ScrapeSource,
+    counter_increase,
+    parse_exposition,
+)
 
 
 def expo(
@@ -151,6 +158,15 @@ def test_a_replica_that_joined_inside_the_window_adds_its_requests_over_the_mode
     models, reps = src.read(["resnet"], [], 15.0)
     assert models["resnet"].success_rate == pytest.approx((500 + 100) / 10)
     assert reps["r1"].busy_fraction == pytest.approx(0.5) and reps["r2"].busy_fraction == pytest.approx(0.4)
+
+
+def test_a_models_rate_sums_its_replicas_over_its_span_and_a_series_none_has_is_absent():
+    first, last = Scrape(0.0, {}), Scrape(10.0, {})
+    mw = ModelWindow(10.0, (ReplicaWindow("r1", {"success": 30.0}, first, last),
+                            ReplicaWindow("r2", {"success": 10.0, "queue": 4.0}, first, last)))
+    assert mw.total_rate("success") == pytest.approx(4.0)
+    assert mw.total_rate("queue") == pytest.approx(0.4)  # one replica has it: that one's, over the span
+    assert mw.total_rate("compute") is None  # no replica has it: missing, never 0
 
 
 def test_counter_reset_between_scrapes_counts_from_zero():
