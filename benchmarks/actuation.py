@@ -55,7 +55,7 @@ Each run is reported as attainment, GPU-hours and the ratio to the 45 s-lag
 bound at the attainment it reached (the issue's yardstick, the same in every
 world), and to the oracle held to the fleet. Nothing here chooses a default:
 both policies run at values fixed before this benchmark existed. Seeds 1-5
-are the development half, 6-10 the held-out half; the README quotes the
+are the development half, 6-10 the held-out half; docs/policy-evaluation.md quotes the
 held-out run.
 
 ``--quantiles`` adds ``windowed-max`` at other headroom quantiles in the
