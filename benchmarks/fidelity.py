@@ -32,9 +32,10 @@ mean absolute difference relative to the real mean, the max counts, the time
 of the first scale-up and of the first added replica serving, and the p99 of
 the requests sent in the high phase (real: measured per request; sim: the
 exact quantile of the fluid model's per-step sojourn distributions, failures
-counted as infinite on both sides) with the relative gap; ``within_20pct`` says whether both comparisons are
-within 20%. ``sim_at_poisson_rate`` and ``sim_at_saturation_rate`` repeat the
-sim side with one service rate, read from each of those two, for comparison.
+counted as infinite on both sides) with the relative gap; ``within_20pct``
+says whether both comparisons are within 20%. ``sim_at_poisson_rate`` and
+``sim_at_saturation_rate`` repeat the sim side with one service rate, read
+from each of those two, for comparison.
 
 Run: ``.venv/bin/python benchmarks/fidelity.py [--low 15 --high 70 --phase-s 50]``
 (about 3 minutes; everything on 127.0.0.1, all processes stopped at the end).
