@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from autoscaler.clock import Clock
-from autoscaler.policy.decide import PolicyConfig, PolicyState, decide
+from autoscaler.policy.decide import decide
+from autoscaler.policy.state import PolicyConfig, PolicyState
 from autoscaler.policy.types import Action, ClusterState, Observation, Plan, Reason
 from autoscaler.protocols import Actuator, Inventory, MetricsSource, action_groups, action_keys
 
@@ -290,7 +291,7 @@ def decision_record(result: TickResult, state: PolicyState) -> dict[str, Any]:
         "t_s": result.t_s,
         "ok": result.ok,
         "held": list(result.held),
-        # whether this tick called the planner, and why (decide.Replan; same/hold: it did not)
+        # whether this tick called the planner, and why (replan.Replan; same/hold: it did not)
         "replan": state.replan.value if state.replan is not None else None,
         "source_ok": result.source_ok,
         "errors": list(result.errors),

@@ -61,8 +61,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autoscaler.clock import VirtualClock, WallClock
 from autoscaler.driver import Driver
 from autoscaler.loop import ControlLoop
-from autoscaler.policy.decide import PolicyConfig
 from autoscaler.policy.hpa import PolicyType, ScalingPolicy, ScalingRules, SelectPolicy
+from autoscaler.policy.state import PolicyConfig
 from autoscaler.policy.types import (
     Action,
     ActionKind,

@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--refine", type=int, default=4, help="bisection steps (migscale profile's default)")
     ap.add_argument("--reference-requests", type=int, default=4000)
+    ap.add_argument("--profile", default=PROFILE, help="MIG profile of the replica (A100-80GB)")
     args = ap.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",") if x]
 
@@ -70,11 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         sweep,
     )
 
-    start = get_product(PRODUCT).profile(PROFILE).starts[0]
+    start = get_product(PRODUCT).profile(args.profile).starts[0]
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="migscale-points-") as tmp:
         proc = TritonProcess(REPO, [MODEL], Path(tmp) / "replica",
-                             env=emulation_env(PRODUCT, PROFILE, "node-a/0", start, MODEL))
+                             env=emulation_env(PRODUCT, args.profile, "node-a/0", start, MODEL))
         try:
             proc.start()
             proc.wait_ready(120)
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         return bool(got and (got["errors"] or got["p99_ms"] is None or got["p99_ms"] > SLO_MS))
 
     out: dict[str, Any] = {
-        "setup": {"model": MODEL, "profile": PROFILE, "product": PRODUCT, "slo_p99_ms": SLO_MS,
+        "setup": {"model": MODEL, "profile": args.profile, "product": PRODUCT, "slo_p99_ms": SLO_MS,
                   "upper_rps": round(upper, 2), "refine": args.refine, "repeats": args.repeats,
                   "reference_requests": args.reference_requests},
         "closed_loop": [{"concurrency": p.concurrency, "throughput_rps": round(p.throughput_rps, 1),

@@ -48,7 +48,7 @@ class _Feeder:
     """One tick of the standalone API: observe -> decide -> publish (no actuator: the HPA acts)."""
 
     def __init__(self, state: Any, cfg: Any, source: Any, snapshot: Any) -> None:
-        from autoscaler.policy.decide import PolicyState
+        from autoscaler.policy.state import PolicyState
 
         self.state, self.cfg, self.source, self.snapshot = state, cfg, source, snapshot
         self.pstate = PolicyState()

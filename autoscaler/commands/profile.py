@@ -32,6 +32,8 @@ from autoscaler.runtime.profile_sweep import (
 )
 
 EXIT_NO_PROFILE_MEETS_SLO = 3
+# The point rule's defaults: the CLI's options default to them, so there is one owner.
+_RULE = PointRule()
 
 
 _DISCOVERED: list | None = None
@@ -163,15 +165,15 @@ def profile(
     profiles: Annotated[str, typer.Option(help="only these profiles, e.g. 1g.10gb,3g.40gb (default: all allowed)")] = "",
     out: Annotated[Path, typer.Option(help="capacity table to write")] = Path("capacity.yaml"),
     plot_path: Annotated[Path | None, typer.Option("--plot", help="PNG: throughput vs p99 (default: OUT with .png)")] = None,
-    point_s: Annotated[float, typer.Option(help="minimum seconds per concurrency point")] = 3.0,
-    min_requests: Annotated[int, typer.Option(help="minimum requests per concurrency point")] = 200,
-    warmup_s: Annotated[float, typer.Option(help="warm-up seconds before each point is measured")] = 0.5,
+    point_s: Annotated[float, typer.Option(help="minimum seconds per concurrency point")] = _RULE.point_s,
+    min_requests: Annotated[int, typer.Option(help="minimum requests per concurrency point")] = _RULE.min_requests,
+    warmup_s: Annotated[float, typer.Option(help="warm-up seconds before each point is measured")] = _RULE.warmup_s,
     max_concurrency: Annotated[int, typer.Option(help="highest client concurrency tried")] = 64,
     arrivals: Annotated[Arrivals, typer.Option(help=(
         "closed: capacity from N requests in flight; poisson: then search the highest Poisson rate "
         "meeting the SLO, as independent users send (lower, and what online traffic gets)"))] = Arrivals.CLOSED,
-    open_requests: Annotated[int, typer.Option(help="poisson: requests per offered rate (p99 = 10th slowest "
-                                                     "of 1,000)")] = 1000,
+    open_requests: Annotated[int, typer.Option(help="poisson: requests per offered rate (fewer read the p99 "
+                                                     "low: the queue starts empty)")] = _RULE.open_requests,
     refine: Annotated[int, typer.Option(help="poisson: bisection steps below the closed-loop capacity "
                                              "(resolution capacity / 2**refine)")] = 4,
 ) -> None:

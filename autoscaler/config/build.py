@@ -23,7 +23,7 @@ from autoscaler.policy.types import ClusterState, GpuState, ModelSpec
 if TYPE_CHECKING:
     from autoscaler.config.schema import ClusterConfig, ModelConfig, ModelsConfig
     from autoscaler.policy import hpa
-    from autoscaler.policy.decide import PolicyConfig
+    from autoscaler.policy.state import PolicyConfig
 
 
 def load_capacity_file(path: str | Path) -> dict[str, dict[str, float]]:
@@ -460,7 +460,7 @@ def policy_config(models_cfg: Any, cluster_cfg: Any, **overrides: Any) -> Policy
 
     Lives here, at the edge, so ``policy/`` never imports the file-reading config layer.
     """
-    from autoscaler.policy.decide import PolicyConfig
+    from autoscaler.policy.state import PolicyConfig
 
     p = cluster_cfg.policy
     kw: dict[str, Any] = {

@@ -58,6 +58,10 @@ class ReplicaState(str, Enum):
     CRASHLOOP = "crashloop"
 
 
+# Serving, or about to: the states that count as a model's capacity.
+LIVE = (ReplicaState.STARTING, ReplicaState.READY)
+
+
 @dataclass(frozen=True)
 class GpuState:
     """One physical (or emulated) GPU and how it is cut right now."""

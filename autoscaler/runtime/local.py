@@ -41,7 +41,7 @@ from autoscaler.observe.fast import FastScrape, WithFast
 from autoscaler.observe.prometheus import PrometheusSource
 from autoscaler.observe.scrape import ScrapeSource
 from autoscaler.policy import burst
-from autoscaler.policy.decide import replica_capacity
+from autoscaler.policy.capacity import replica_capacity
 from autoscaler.policy.types import ReplicaState
 from autoscaler.runtime.local_setup import initial_actions
 

@@ -102,8 +102,8 @@ def avg_batch(before: dict[str, float], after: dict[str, float]) -> float | None
     return d_count / d_exec if d_exec > 0 else None
 
 
-# An open-loop point lasts until it has sent ``open_requests`` (1,000 at 10 req/s is 100 s);
-# a model slower than that ends its point here, marked unstable.
+# An open-loop point lasts until it has sent ``open_requests`` (2,000 at 36 req/s is 55 s);
+# a model slower than ``open_requests`` / 120 req/s ends its point here, marked unstable.
 OPEN_POINT_MAX_S = 120.0
 
 

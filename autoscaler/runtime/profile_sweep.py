@@ -56,8 +56,13 @@ class PointRule:
     min_requests: int = 200
     warmup_s: float = 0.5
     max_factor: float = 5.0  # a point ends at max_factor * point_s even below min_requests
-    # An open-loop point's p99 is the 10th slowest of 1,000: one outlier moves it little.
-    open_requests: int = 1000
+    # Requests sent at each Poisson rate. A point starts with the replica's queue nearly
+    # empty, and near the SLO its tail takes tens of seconds to build, so a short point
+    # reads its p99 low and the search over-promises. Measured with
+    # benchmarks/profile_points.py (resnet, 1g, SLO 150 ms): 500 and 1,000 requests
+    # reported a rate a 4,000-request point put over the SLO (152.4, 156.7 ms), every
+    # search; 2,000 reported one it put within (146.9 ms). docs/profile-throughput.md.
+    open_requests: int = 2000
 
 
 @dataclass(frozen=True)

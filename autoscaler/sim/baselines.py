@@ -42,6 +42,7 @@ import numpy as np
 from autoscaler.mig import Placement, get_product
 from autoscaler.policy import hpa
 from autoscaler.policy.types import (
+    LIVE,
     Action,
     ActionKind,
     ClusterState,
@@ -51,8 +52,6 @@ from autoscaler.policy.types import (
     Reason,
     ReplicaState,
 )
-
-_LIVE = (ReplicaState.STARTING, ReplicaState.READY)
 
 
 def best_profile(spec: ModelSpec, product: str) -> str:
@@ -446,7 +445,7 @@ def hpa_decide(
     taken = _occupied(cluster)
     actions: list[Action] = []
     for s in specs:
-        pods = [r for r in cluster.replicas if r.model == s.name and r.state in _LIVE]
+        pods = [r for r in cluster.replicas if r.model == s.name and r.state in LIVE]
         n = len(pods)
         if n < s.min_replicas:
             desired = s.min_replicas

@@ -87,7 +87,8 @@ class WindowedMaxDriver(BaselineDriver):
 
     def tick(self) -> TickOut:
         from autoscaler.loop import hold_in_flight
-        from autoscaler.policy.decide import FAST_PATH_MIN_REPARTITION_S, failed_replicas
+        from autoscaler.policy.capacity import failed_replicas
+        from autoscaler.policy.decide import FAST_PATH_MIN_REPARTITION_S
         from autoscaler.policy.planner import plan
         from autoscaler.sim import windowed
 

@@ -43,7 +43,7 @@ from typing import NamedTuple
 import numpy as np
 
 from autoscaler.policy import forecast as fc
-from autoscaler.policy.decide import current_capacity, failed_replicas
+from autoscaler.policy.capacity import current_capacity, failed_replicas
 from autoscaler.policy.types import ModelSpec, Observation
 from autoscaler.sim import queueing as q
 from autoscaler.sim.baselines import lagged_window_max

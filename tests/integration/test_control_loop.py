@@ -32,8 +32,8 @@ from autoscaler.mig.layout import Placement
 from autoscaler.observe.prometheus import PrometheusSource
 from autoscaler.observe.queries import Queries
 from autoscaler.observe.scrape import ScrapeSource
-from autoscaler.policy.decide import PolicyConfig
 from autoscaler.policy.hpa import PolicyType, ScalingPolicy, ScalingRules, SelectPolicy
+from autoscaler.policy.state import PolicyConfig
 from autoscaler.policy.types import Action, ActionKind, GpuState, ModelSpec, Reason, ReplicaState
 
 pytestmark = pytest.mark.integration

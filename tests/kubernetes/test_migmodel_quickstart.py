@@ -26,7 +26,7 @@ from autoscaler.act.kubernetes.config import build_backend
 from autoscaler.clock import VirtualClock
 from autoscaler.config import parse_cluster
 from autoscaler.fakes import FakeMetricsSource
-from autoscaler.policy.decide import Replan
+from autoscaler.policy.replan import Replan
 from autoscaler.runtime.kubernetes import KubernetesController
 from autoscaler.runtime.migmodels import MigModelSource
 

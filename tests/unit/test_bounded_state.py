@@ -23,7 +23,7 @@ from autoscaler.fakes import (
     stub_planner,
 )
 from autoscaler.loop import ControlLoop
-from autoscaler.policy.decide import PolicyConfig
+from autoscaler.policy.state import PolicyConfig
 from autoscaler.policy.types import ModelSpec
 
 REPO = Path(__file__).resolve().parents[2] / "triton_models"

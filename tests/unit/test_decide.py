@@ -9,9 +9,10 @@ import pytest
 from autoscaler.config import policy_config
 from autoscaler.fakes import RecordingActuator, single_gpu_cluster, stub_planner
 from autoscaler.mig import Placement
-from autoscaler.policy.decide import PolicyConfig, PolicyState, decide, observe_only
+from autoscaler.policy.decide import decide
 from autoscaler.policy.forecast import ForecastConfig
 from autoscaler.policy.hpa import DEFAULT_SCALE_UP, ScalingRules, SelectPolicy
+from autoscaler.policy.state import PolicyConfig, PolicyState
 from autoscaler.policy.types import (
     ActionKind,
     ClusterState,
@@ -247,13 +248,6 @@ def test_a_shedding_model_with_an_optimistic_correction_is_not_stranded():
     assert h.count("a") >= 4  # 150 x ~1 x 1.2 = 180 req/s: four replicas of 50
 
 
-def test_observe_only_keeps_history_but_recommends_nothing():
-    cfg = config()
-    st = observe_only(Observation(0, cluster(), {"a": sig("a", 10, 0)}), PolicyState(), cfg, 0)
-    assert [s.rps for s in st.demand["a"]] == [10]
-    assert st.recommendations == {} and st.scale_events == {}
-
-
 def test_total_outage_holds_everything():
     cfg = config(scale_down=ScalingRules(0, SelectPolicy.MAX, DEFAULT_SCALE_UP.policies[:1]))
     h = Harness(cfg, cluster(a=3, b=3))
@@ -374,7 +368,7 @@ def test_with_the_real_planner_on_an_a100():
 
 def test_a_multinode_group_counts_as_one_replica():
     """Members are listed per GPU; the policy sees groups (else 2 members > max_replicas 1 every tick)."""
-    from autoscaler.policy.decide import current_capacity
+    from autoscaler.policy.capacity import current_capacity
     from autoscaler.policy.types import ClusterState, GpuState, ModelSpec, Replica
 
     spec = ModelSpec("llm", {}, (), min_replicas=1, max_replicas=1, backend="multinode", nodes_per_group=2,
@@ -559,7 +553,7 @@ def test_a_saturation_guess_scales_up_but_never_feeds_the_floor():
 
 
 def test_a_model_added_or_removed_calls_the_planner_at_once():
-    from autoscaler.policy.decide import Replan, _Memo, _replan, _room
+    from autoscaler.policy.replan import Memo, Replan, replan, room
 
     cluster = single_gpu_cluster()
 
@@ -567,16 +561,16 @@ def test_a_model_added_or_removed_calls_the_planner_at_once():
         return (tuple(sorted(targets.items())), cluster, 4, False, ())
 
     before = {"resnet": 50.0, "rnn": 20.0}
-    memo = _Memo(key(before), None, None, 100.0, {}, _room(cluster))
+    memo = Memo(key(before), None, None, 100.0, {}, room(cluster))
     caps = {"resnet": 58.0, "rnn": 122.0}
     # 5 s after the last call, nothing urgent: the plan is held (replan_s 60)
-    assert _replan(memo, key({"resnet": 40.0, "rnn": 20.0}), {"resnet": 40.0, "rnn": 20.0}, caps, {}, 105.0,
+    assert replan(memo, key({"resnet": 40.0, "rnn": 20.0}), {"resnet": 40.0, "rnn": 20.0}, caps, {}, 105.0,
                    60.0) is Replan.HOLD
     # rnn removed from the configuration: its replicas must drain now, not within the minute
-    assert _replan(memo, key({"resnet": 50.0}), {"resnet": 50.0}, caps, {}, 105.0, 60.0) is Replan.MODELS
+    assert replan(memo, key({"resnet": 50.0}), {"resnet": 50.0}, caps, {}, 105.0, 60.0) is Replan.MODELS
     # bert added
     added = {**before, "bert": 10.0}
-    assert _replan(memo, key(added), added, caps, {}, 105.0, 60.0) is Replan.MODELS
+    assert replan(memo, key(added), added, caps, {}, 105.0, 60.0) is Replan.MODELS
 
 
 def test_a_count_or_a_shortfall_the_last_call_saw_waits_until_the_room_changes():
@@ -584,7 +578,7 @@ def test_a_count_or_a_shortfall_the_last_call_saw_waits_until_the_room_changes()
     for the same count or target only once the room changed (a cut, a gate, a
     replica moved) -- a pod turning Ready opens none, and at 8,000 GPUs a call
     costs ~0.3 s."""
-    from autoscaler.policy.decide import Replan, _Memo, _replan, _room
+    from autoscaler.policy.replan import Memo, Replan, replan, room
 
     starting = Replica("resnet-0", "resnet", "1g.10gb", "node-a/0", 0, ReplicaState.STARTING)
     gpu = GpuState("node-a/0", "node-a", "A100-SXM4-80GB", layout=(Placement(0, "1g.10gb"), Placement(1, "1g.10gb")))
@@ -597,25 +591,25 @@ def test_a_count_or_a_shortfall_the_last_call_saw_waits_until_the_room_changes()
 
     targets = {"resnet": 100.0}
     caps = {"resnet": 58.0}  # short: one replica of a target that wants two
-    memo = _Memo(key(targets, c0), None, None, 100.0, {"resnet": 2}, _room(c0))
+    memo = Memo(key(targets, c0), None, None, 100.0, {"resnet": 2}, room(c0))
     # same count, same target, the replica only turned Ready: held
-    assert _replan(memo, key(targets, ready), targets, caps, {"resnet": 2}, 105.0, 60.0) is Replan.HOLD
+    assert replan(memo, key(targets, ready), targets, caps, {"resnet": 2}, 105.0, 60.0) is Replan.HOLD
     # a new count from the HPA stages: at once
-    assert _replan(memo, key(targets, ready), targets, caps, {"resnet": 3}, 105.0, 60.0) is Replan.MOVING
+    assert replan(memo, key(targets, ready), targets, caps, {"resnet": 3}, 105.0, 60.0) is Replan.MOVING
     # the same count, but the GPU's gate changed: the held actions may go now
-    assert _replan(memo, key(targets, busy), targets, caps, {"resnet": 2}, 105.0, 60.0) is Replan.MOVING
+    assert replan(memo, key(targets, busy), targets, caps, {"resnet": 2}, 105.0, 60.0) is Replan.MOVING
     # not moving, still short: a higher target at once, the same one when the room changed
-    assert _replan(memo, key({"resnet": 110.0}, ready), {"resnet": 110.0}, caps, {}, 105.0, 60.0) is Replan.SHORT
-    assert _replan(memo, key(targets, ready), targets, caps, {}, 105.0, 60.0) is Replan.HOLD
-    assert _replan(memo, key(targets, busy), targets, caps, {}, 105.0, 60.0) is Replan.SHORT
+    assert replan(memo, key({"resnet": 110.0}, ready), {"resnet": 110.0}, caps, {}, 105.0, 60.0) is Replan.SHORT
+    assert replan(memo, key(targets, ready), targets, caps, {}, 105.0, 60.0) is Replan.HOLD
+    assert replan(memo, key(targets, busy), targets, caps, {}, 105.0, 60.0) is Replan.SHORT
     # and whatever happens, at most replan_s apart
-    assert _replan(memo, key(targets, ready), targets, caps, {"resnet": 2}, 160.0, 60.0) is Replan.PERIODIC
+    assert replan(memo, key(targets, ready), targets, caps, {"resnet": 2}, 160.0, 60.0) is Replan.PERIODIC
 
 
 def test_a_replica_that_failed_since_the_last_call_is_urgent_one_it_saw_failed_is_not():
     """A Failed pod stays in the cluster until it is collected: the planner is called when a
     replica fails, not again on every tick while the failed one is still listed."""
-    from autoscaler.policy.decide import Replan, _Memo, _replan, _room
+    from autoscaler.policy.replan import Memo, Replan, replan, room
 
     gpu = GpuState("node-a/0", "node-a", "A100-SXM4-80GB", layout=(Placement(0, "1g.10gb"), Placement(1, "1g.10gb")))
     ok = Replica("resnet-0", "resnet", "1g.10gb", "node-a/0", 0, ReplicaState.STARTING)
@@ -628,15 +622,15 @@ def test_a_replica_that_failed_since_the_last_call_is_urgent_one_it_saw_failed_i
         return ((("resnet", 50.0),), cluster, 4, True, ())
 
     targets, caps = {"resnet": 50.0}, {"resnet": 58.0}
-    memo = _Memo(key(before), None, None, 100.0, {}, _room(before))
-    assert _replan(memo, key(failed), targets, caps, {}, 105.0, 60.0) is Replan.FAILED
-    seen = _Memo(key(failed), None, None, 105.0, {}, _room(failed))
+    memo = Memo(key(before), None, None, 100.0, {}, room(before))
+    assert replan(memo, key(failed), targets, caps, {}, 105.0, 60.0) is Replan.FAILED
+    seen = Memo(key(failed), None, None, 105.0, {}, room(failed))
     # still listed, and only the other replica turned Ready: no call until replan_s
     now_ready = ClusterState(gpus=(gpu,), replicas=(dataclasses.replace(ok, state=ReplicaState.READY), bad))
-    assert _replan(seen, key(now_ready), targets, caps, {}, 110.0, 60.0) is Replan.HOLD
-    assert _replan(seen, key(now_ready), targets, caps, {}, 165.0, 60.0) is Replan.PERIODIC
+    assert replan(seen, key(now_ready), targets, caps, {}, 110.0, 60.0) is Replan.HOLD
+    assert replan(seen, key(now_ready), targets, caps, {}, 165.0, 60.0) is Replan.PERIODIC
     # another one fails: at once
-    assert _replan(seen, key(ClusterState(gpus=(gpu,), replicas=(ok, bad, worse))), targets, caps, {}, 110.0,
+    assert replan(seen, key(ClusterState(gpus=(gpu,), replicas=(ok, bad, worse))), targets, caps, {}, 110.0,
                    60.0) is Replan.FAILED
 
 

@@ -11,7 +11,7 @@ from autoscaler.clock import VirtualClock
 from autoscaler.driver import Driver, Hooks
 from autoscaler.fakes import FakeInventory, FakeMetricsSource, RecordingActuator, stub_planner
 from autoscaler.loop import ControlLoop
-from autoscaler.policy.decide import PolicyConfig
+from autoscaler.policy.state import PolicyConfig
 from autoscaler.policy.types import ModelSpec
 
 

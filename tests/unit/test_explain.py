@@ -17,7 +17,7 @@ from autoscaler.fakes import (
     stub_planner,
 )
 from autoscaler.loop import ControlLoop
-from autoscaler.policy.decide import PolicyConfig
+from autoscaler.policy.state import PolicyConfig
 from autoscaler.policy.types import ModelSpec, Replica, ReplicaState
 
 P = "1g.10gb"

@@ -15,7 +15,7 @@ from autoscaler.fakes import (
     stub_planner,
 )
 from autoscaler.loop import ControlLoop
-from autoscaler.policy.decide import PolicyConfig
+from autoscaler.policy.state import PolicyConfig
 from autoscaler.policy.types import ActionKind, ModelSignals, ModelSpec, Reason, Replica, ReplicaState
 
 PROFILE = "1g.10gb"

@@ -11,8 +11,9 @@ at least ``DOWNSIZE_MIN_SLICES`` compute slices, make-before-break.
 from __future__ import annotations
 
 from autoscaler.mig import Placement
-from autoscaler.policy.decide import PolicyConfig, PolicyState, decide
+from autoscaler.policy.decide import decide
 from autoscaler.policy.planner import DOWNSIZE_MIN_SLICES, plan
+from autoscaler.policy.state import PolicyConfig, PolicyState
 from autoscaler.policy.types import (
     ActionKind,
     ClusterState,

@@ -96,7 +96,8 @@ def test_without_the_fast_path_a_burst_is_met_with_the_fewest_slices():
 
 
 def test_decide_turns_the_fast_path_on_only_for_slow_repartitions():
-    from autoscaler.policy.decide import FAST_PATH_MIN_REPARTITION_S, PolicyConfig, PolicyState, decide
+    from autoscaler.policy.decide import FAST_PATH_MIN_REPARTITION_S, decide
+    from autoscaler.policy.state import PolicyConfig, PolicyState
     from autoscaler.policy.types import ModelSignals, Observation
 
     cl = ClusterState((gpu("g0", Placement(0, "7g.80gb")),), (RUNNING,))

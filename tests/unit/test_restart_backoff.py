@@ -176,7 +176,7 @@ def test_spawned_child_is_marked_grouped_and_its_group_swept(tmp_path):
 
 def test_the_policy_does_not_count_a_crash_looping_replica_and_places_elsewhere():
     from autoscaler.mig.layout import Placement
-    from autoscaler.policy.decide import current_capacity
+    from autoscaler.policy.capacity import current_capacity
     from autoscaler.policy.planner import plan
     from autoscaler.policy.planner.work import HEALTHY
     from autoscaler.policy.types import ActionKind, ModelSpec

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from autoscaler.config import parse_cluster, parse_models
-from autoscaler.policy.decide import failed_replicas
+from autoscaler.policy.capacity import failed_replicas
 from autoscaler.policy.types import (
     ClusterState,
     GpuState,

@@ -45,14 +45,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from autoscaler.act.local.procs import rotate_log
-from autoscaler.policy.types import ReplicaState
+from autoscaler.policy.types import LIVE, ReplicaState
 
 if TYPE_CHECKING:  # pragma: no cover
     from autoscaler.act.local.replicas import LocalReplica
 
 # Logs are checked against their cap, and Prometheus' targets re-synced, this often.
 ROTATE_EVERY_S = 10.0
-_LIVE = (ReplicaState.STARTING, ReplicaState.READY)
 
 
 class Supervisor:
@@ -121,7 +120,7 @@ class SupervisionMixin:
         due: list[LocalReplica] = []
         with c._lock:
             for r in c._replicas.values():
-                if r.state in _LIVE and not r.process.alive():
+                if r.state in LIVE and not r.process.alive():
                     c._on_exit(r, now)
                     died.append(r)
                 elif r.state is ReplicaState.STARTING and not r.routable:

@@ -67,7 +67,7 @@ def _close_tier2(gpus: list[GpuWork], saved: dict[str, dict[int, Placement]], be
             # Instances of leaving replicas that nothing new took stay blocked
             # (their replica is deleted this tick; the instance stays as it is);
             # those a new replica overlaps are taken by it (the CREATE waits for
-            # their DELETE: see planner/actions.py).
+            # their DELETE: see planner/order.py).
             taken = [Placement(s, v[1]) for s, v in g.hard.items()]
             g.blocked = {s: p for s, p in saved[g.id].items()
                          if not any(overlaps(g.product, p, t) for t in taken)}

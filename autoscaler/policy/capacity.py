@@ -1,0 +1,67 @@
+"""How much a model runs now, read off the cluster snapshot (pure; zero I/O).
+
+Each tick ``decide`` turns the live replicas of a model into a count and the req/s
+they serve at the SLO, against the model's capacity table; the simulator's
+windowed baselines and its driver read the same numbers, and the planner's
+``failed_replicas`` says which replicas it must replace.
+"""
+
+from __future__ import annotations
+
+from autoscaler.policy.planner.multinode import group_of
+from autoscaler.policy.types import LIVE, ClusterState, ModelSpec, ReplicaState
+
+
+def replica_capacity(spec: ModelSpec, profile: str) -> float | None:
+    """req/s one replica of ``spec`` sustains on ``profile`` at the SLO (None: unknown)."""
+    if profile in spec.capacity:
+        return float(spec.capacity[profile])
+    if spec.backend == "multinode" and spec.group_capacity_rps:
+        return float(spec.group_capacity_rps)
+    return None
+
+
+def best_replica_capacity(spec: ModelSpec) -> float | None:
+    caps = [c for p in spec.allowed_profiles if (c := replica_capacity(spec, p))]
+    if spec.backend == "multinode" and spec.group_capacity_rps:
+        caps.append(float(spec.group_capacity_rps))
+    return max(caps) if caps else None
+
+
+def current_capacity(spec: ModelSpec, cluster: ClusterState) -> tuple[int, float, bool]:
+    """(live replicas, their req/s, every replica's capacity known?).
+
+    A multinode model counts groups, not members: the snapshot lists one
+    replica per member GPU (``llm-g0-0``, ``llm-g0-1``), but the group of two
+    is one replica of ``group_capacity_rps`` -- counting members would read
+    2 replicas against max_replicas 1 and ask to scale down every tick.
+    """
+    n, cap, known = 0, 0.0, True
+    seen_groups: set[str] = set()
+    for r in cluster.replicas:
+        if r.model == spec.name and r.state in LIVE:
+            if spec.backend == "multinode":
+                group = group_of(r.id)
+                if group in seen_groups:
+                    continue
+                seen_groups.add(group)
+            n += 1
+            c = replica_capacity(spec, r.profile)
+            if c is None:
+                known = False
+            else:
+                cap += c
+    return n, cap, known
+
+
+def by_model(cluster: ClusterState) -> dict[str, ClusterState]:
+    """Each model's replicas as a cluster of their own (one pass per tick, not one per model)."""
+    out: dict[str, list] = {}
+    for r in cluster.replicas:
+        out.setdefault(r.model, []).append(r)
+    return {m: ClusterState(cluster.gpus, tuple(rs)) for m, rs in out.items()}
+
+
+def failed_replicas(cluster: ClusterState) -> frozenset[str]:
+    """Replicas neither starting, ready nor draining: failed, the planner's to replace."""
+    return frozenset(r.id for r in cluster.replicas if r.state not in LIVE and r.state is not ReplicaState.DRAINING)

@@ -1,0 +1,186 @@
+"""Planner step 3a: the churn budget -- which CREATEs and DELETEs go this call.
+
+Pure; used by ``actions.finish``. Its input is the full target the placement
+steps left on each ``GpuWork`` (every new replica a ``Create``, every removal a
+reason); its output is the selection, after which ``apply_selection`` drops
+the deferred creates from the target and puts the deferred deletes back.
+
+Churn budget: CREATE + DELETE actions per call that stop or move something
+that runs. A scale-up CREATE that needs no DELETE to make room is not churn
+and is not counted (its REPARTITION, if any, only cuts instances that are
+empty): it disturbs nothing that serves, the HPA behavior already bounds how
+fast a model grows, and holding it back only delays capacity a model is
+short of. Worked number: a flash crowd taking one model from 3 to 14
+replicas under a budget of 4 would start 4 a tick over three 15 s ticks, the
+last ones 30 s after the first -- on top of a 30 s start, with every request
+meanwhile queueing. Filled in this order: new
+capacity by priority (with the deletes its space depends on), clean-up and
+scale-down deletes, consolidation moves, other replacements -- each of the
+last two all or nothing per model: a copy without its delete is churn for
+nothing, and the next tick would scale the copy down again. Multinode
+groups (``planner.multinode``): one CREATE per member GPU, the whole group
+selected or deferred together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from autoscaler.mig.layout import Placement
+from autoscaler.policy.planner.multinode import WHOLE, Groups, group_of
+from autoscaler.policy.planner.work import HEALTHY
+from autoscaler.policy.types import Reason, Replica
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autoscaler.policy.planner.packing import GpuWork
+
+# Deletes that replace capacity: they wait until the model's new replicas are ready.
+REPLACING = (Reason.PROFILE_EFFICIENCY, Reason.CONSOLIDATE, Reason.HIGH_AVAILABILITY)
+
+
+class Create:
+    """One new replica of the full target: where, why, and its key in this call's order
+    (``rid`` is named once it is selected; a multinode member's at once)."""
+
+    __slots__ = ("gpu", "group", "model", "order", "profile", "reason", "rid", "start", "tier2")
+
+    def __init__(self, model: str, profile: str, gpu: str, start: int, reason: Reason, tier2: bool,
+                 group: str | None, order: int) -> None:
+        self.model, self.profile, self.gpu, self.start = model, profile, gpu, start
+        self.reason, self.tier2, self.group, self.order = reason, tier2, group, order
+        self.rid: str | None = None
+
+
+def select(creates: list[Create], removed: dict[str, Reason], replicas: dict[str, Replica],
+           by_id: dict[str, GpuWork], budget: int | None, work: dict, demand_rps: Mapping[str, float],
+           full_cap: dict[str, float], fast_first: bool = True) -> tuple[set[int], set[str], set[str]]:
+    """Which creates / deletes happen this tick (all of them without a budget)."""
+    if budget is None:
+        return {c.order for c in creates}, set(removed), set()
+    by_model_c: dict[str, list[Create]] = {}
+    for c in creates:
+        by_model_c.setdefault(c.model, []).append(c)
+    on_gpu: dict[str, list[str]] = {}
+    for rid in removed:
+        on_gpu.setdefault(replicas[rid].gpu, []).append(rid)
+    sel_c: set[int] = set()
+    sel_d: set[str] = set()
+    left = max(0, budget)
+
+    def needs(rid: str) -> bool:  # a replacement delete waits for all its model's creates
+        return removed[rid] in REPLACING and any(c.order not in sel_c for c in by_model_c.get(replicas[rid].model, []))
+
+    def take_create(unit: list[Create], along: Sequence[str] = ()) -> None:
+        nonlocal left
+        deps: set[str] = {d for d in along if d not in sel_d}
+        for c in unit:
+            if c.tier2:
+                deps |= {d for d in on_gpu.get(c.gpu, []) if d not in sel_d}
+            else:
+                deps |= {d for d in on_gpu.get(c.gpu, []) if d not in sel_d and overlap(by_id[c.gpu], c, replicas[d])}
+        if any(removed[d] in REPLACING and replicas[d].model not in {c.model for c in unit} and d not in along
+               for d in deps):
+            return
+        if not deps and not along and all(_growth(c) for c in unit):
+            sel_c.update(c.order for c in unit)  # not churn: see the module docstring
+            return
+        cost = len(unit) + len(deps)
+        if cost > left:
+            return
+        left -= cost
+        sel_c.update(c.order for c in unit)
+        sel_d.update(deps)
+
+    def take_delete(rid: str) -> None:
+        nonlocal left
+        if rid in sel_d or left < 1 or needs(rid):
+            return
+        group = [rid]
+        if replicas[rid].profile == WHOLE:
+            group = [r for r in removed if group_of(r) == group_of(rid) and replicas[r].model == replicas[rid].model]
+        if len(group) > left:
+            return
+        left -= len(group)
+        sel_d.update(group)
+
+    def units(cs: list[Create]) -> list[list[Create]]:
+        out: dict[str, list[Create]] = {}
+        for c in cs:
+            out.setdefault(c.group or f"#{c.order}", []).append(c)
+        return list(out.values())
+
+    prio = {n: m.spec.priority for n, m in work.items()}
+    growth = [c for c in creates if c.reason not in REPLACING]
+    # Capacity that serves soonest first: a create on an instance that exists now
+    # is ready in a start delay, one behind a repartition minutes later.
+    growth.sort(key=lambda c: (-prio.get(c.model, 0), c.reason is Reason.PROFILE_EFFICIENCY,
+                               fast_first and needs_cut(by_id[c.gpu], c), c.order))
+    for u in units(growth):
+        take_create(u)
+    for rid in sorted(removed, key=lambda r: (removed[r] in REPLACING, r)):
+        if removed[rid] not in REPLACING:
+            take_delete(rid)
+    # A move or a replacement is all or nothing per model: copies made without
+    # deleting what they replace are churn for nothing -- the next tick finds the
+    # model over its demand and scales the copies down again, and the tick after
+    # starts the replacement over (a loop, one start delay per turn).
+    for kind in ("move", "replace"):
+        for model in sorted({c.model for c in creates if _replacement(c.reason) == kind}):
+            cs = [c for c in creates if c.model == model and _replacement(c.reason) == kind]
+            ds = sorted(r for r in removed if _replacement(removed[r]) == kind and replicas[r].model == model)
+            take_create(cs, ds)
+    for rid in sorted(removed):
+        take_delete(rid)
+    deferred = {c.model for c in creates if c.order not in sel_c}
+    deferred |= {replicas[r].model for r in removed if r not in sel_d}
+    return sel_c, sel_d, deferred
+
+
+def _replacement(why: Reason) -> str | None:
+    """"move" for a consolidation move, "replace" for any other replacement, else None."""
+    if why is Reason.CONSOLIDATE:
+        return "move"
+    return "replace" if why in REPLACING else None
+
+
+def needs_cut(g: GpuWork, c: Create) -> bool:
+    return c.group is not None or Placement(c.start, c.profile) not in g.current
+
+
+def _growth(c: Create) -> bool:
+    """A scale-up CREATE (not a replacement or a move): free of the churn budget when it
+    deletes nothing."""
+    return c.reason not in REPLACING and c.reason is not Reason.CONSOLIDATE
+
+
+def overlap(g: GpuWork, c: Create, r: Replica) -> bool:
+    if c.group is not None or r.profile == WHOLE:
+        return True
+    pc, pr = g.product.profiles[c.profile], g.product.profiles.get(r.profile)
+    if pr is None:
+        return True
+    return c.start < r.start + pr.mem_slots and r.start < c.start + pc.mem_slots
+
+
+def apply_selection(gpus: list[GpuWork], by_id: dict[str, GpuWork], creates: list[Create], sel_c: set[int],
+                    removed: dict[str, Reason], sel_d: set[str], replicas: dict[str, Replica], groups: Groups) -> None:
+    """Drop deferred creates from the target; put deferred deletes back in it."""
+    for c in creates:
+        g = by_id[c.gpu]
+        if c.order in sel_c:
+            continue
+        if c.group is None:
+            if g.hard.get(c.start, (None, None, "x"))[2] is None and g.hard.get(c.start, ("",))[0] == c.model:
+                del g.hard[c.start]
+        elif g.whole == c.model and not any(r.gpu == g.id and r.profile == WHOLE and r.model == c.model
+                                            and r.id not in removed for r in replicas.values()):
+            g.whole = None
+    for rid in removed:
+        r = replicas[rid]
+        g = by_id.get(r.gpu)
+        if g is None or r.profile == WHOLE:
+            continue
+        if rid not in sel_d and r.state in HEALTHY and r.profile in g.product.profiles:
+            g.hard[r.start] = (r.model, r.profile, rid)
+            g.blocked.pop(r.start, None)
