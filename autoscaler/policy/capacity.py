@@ -2,8 +2,8 @@
 
 Each tick ``decide`` turns the live replicas of a model into a count and the req/s
 they serve at the SLO, against the model's capacity table; the simulator's
-windowed baselines and its driver read the same numbers, and the planner's
-``failed_replicas`` says which replicas it must replace.
+windowed baselines and its driver read the same numbers; ``failed_replicas``
+names the replicas the planner must replace.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 whether the planner must run: the planner is pure, so equal inputs reuse the
 last call's plan (``Memo``), and inputs that changed in nothing urgent wait up
 to ``replan_s``. The answer is a ``Replan`` reason, kept in ``PolicyState.replan``
-and shown by ``migscale explain``.
+and written to every line of the decision log.
 """
 
 from __future__ import annotations

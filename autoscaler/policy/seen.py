@@ -22,6 +22,8 @@ from autoscaler.policy.types import ClusterState, ModelSpec, Observation
 
 
 def fresh_signals(obs: Observation, model: str, now_s: float, stale_s: float):
+    """The model's signals if the source answered and they are under ``stale_s`` old;
+    else None (unknown, never zero)."""
     sig = obs.models.get(model) if obs.source_ok else None
     if sig is None:
         return None

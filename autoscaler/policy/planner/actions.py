@@ -43,6 +43,8 @@ if TYPE_CHECKING:  # pragma: no cover
 def finish(*, now_s: float, cluster: ClusterState, gpus: list[GpuWork], work: dict, groups: Groups,
            removed: dict[str, Reason], placed_tier2: set, moved: set, churn_budget: int | None,
            demand_rps: Mapping[str, float], specs: Mapping[str, ModelSpec], fast_first: bool = True) -> Plan:
+    """The ``Plan`` for what placement left on ``gpus``: the churn budget's selection, in
+    order, with ids, assignments, layouts, shortfalls, reasons and cost."""
     by_id = {g.id: g for g in gpus}
     replicas = {r.id: r for r in cluster.replicas}
     # ---- the full target
