@@ -12,8 +12,9 @@ profiled on the real side. After the scenario a closed-loop burst measures a
 replica's saturation throughput, then ``migscale profile``'s open-loop search
 (``runtime.profile_sweep.rate_search``) finds the highest Poisson rate whose p99
 meets the SLO -- the arrivals the scenario sends, and the p50 and p99 at each
-rate it tried, 500 requests a rate (``--open-requests``; the profiler's own 2,000
-read the stationary p99, and the simulator's step then reads about a third high). The simulator's replica serves as those points say
+rate it tried, ``OPEN_REQUESTS`` (500) requests a rate (``--open-requests``; the
+profiler's own 2,000 read the stationary p99, and the simulator's step then reads
+about a third high). The simulator's replica serves as those points say
 (``sim.queueing.ServiceCurve``, as ``migscale simulate`` builds it from a
 capacity file): its fluid queue's rate at each occupancy matches the measured
 p99 at each rate, never completing more than the saturation throughput, and
@@ -86,6 +87,10 @@ PRODUCT = "A100-SXM4-80GB"
 # examples/models.yaml's estimate for resnet (req/s per replica at p99 150 ms)
 CAPACITY = {"1g.10gb": 58.0, "2g.20gb": 113.0, "3g.40gb": 160.0}
 SLO_MS = 150.0
+# Requests a rate in the profile the simulator's replica serves from. Fewer than the
+# profiler's 2,000: with these the simulator reproduces the real step, with 2,000 it
+# reads it about a third high (docs/policy-evaluation.md, section 9).
+OPEN_REQUESTS = 500
 
 
 def policy() -> PolicyConfig:
@@ -144,7 +149,7 @@ def saturation_service_rates(saturation_1g_rps: float) -> dict[str, float]:
 
 
 def measure_poisson_capacity(url_http: str, url_metrics: str, upper_rps: float,
-                             open_requests: int = 500, refine: int = 4) -> tuple[float | None, list[dict]]:
+                             open_requests: int = OPEN_REQUESTS, refine: int = 4) -> tuple[float | None, list[dict]]:
     """The highest Poisson rate whose p99 meets the SLO on one replica (``migscale profile``'s
     open-loop search below ``upper_rps``, the saturation throughput), and the points it
     measured, then those spread up to ``upper_rps`` (``curve_search``)."""
@@ -275,7 +280,7 @@ class OpenLoopLoad:
             th_.join(120)
 
 
-def run_real(shape: Step, run_dir: Path, open_requests: int = 500) -> dict[str, Any]:
+def run_real(shape: Step, run_dir: Path, open_requests: int = OPEN_REQUESTS) -> dict[str, Any]:
     from autoscaler.act.local.cluster import LocalCluster
     from autoscaler.act.local.replicas import ModelRuntime
 
@@ -471,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--high", type=float, default=70.0)
     ap.add_argument("--phase-s", type=float, default=50.0)
     ap.add_argument("--run-dir", default=".migscale/fidelity")
-    ap.add_argument("--open-requests", type=int, default=500,
+    ap.add_argument("--open-requests", type=int, default=OPEN_REQUESTS,
                     help="requests at each Poisson rate of the profile the simulator's replica serves from "
                          "(migscale profile's default, 2,000, reads the stationary p99; the simulator then "
                          "overstates this step's p99 by about a third: docs/policy-evaluation.md)")
