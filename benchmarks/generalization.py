@@ -2,7 +2,7 @@
 
 The fleet, cluster and mean rates of ``benchmarks/policies.py`` (12 models,
 16 A100-80GB, each model's mean = 3 slices of its best profile), run on six
-trace families (``autoscaler/sim/traces.py``: heavytail, flashcrowd, onoff,
+trace families (``autoscaler/sim/families.py``: heavytail, flashcrowd, onoff,
 steps, weekly, mixed) x ten seeds. Seeds 1-5 are the **development** half:
 defaults may be chosen on them. Seeds 6-10 are **held out**: they are only
 reported, separately, and the README's headline figures come from them.
@@ -29,10 +29,10 @@ frontier: what the baseline's settings pay to reach the same attainment
 and which settings migscale beats on both axes. Reporting only: the held-out
 frontier runs every knob, and no choice reads it.
 
-Extra shapes: ``--extra`` runs three more families (``traces.EXTRA_FAMILIES``:
+Extra shapes: ``--extra`` runs three more families (``families.EXTRA_FAMILIES``:
 cron, ramp, failover) on the held-out seeds (``generalization-extra.json``): a
 check on traffic shapes the policy was not built on, not only seeds. Two of
-them (``traces.UNSEEN_FAMILIES``: ramp, failover) are refused on development
+them (``families.UNSEEN_FAMILIES``: ramp, failover) are refused on development
 seeds, so nothing can be chosen on them by accident; cron's development seeds
 are where the forecaster's recurring rises were built.
 
@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from autoscaler.policy.forecast import HeadroomConfig  # importable once ROOT is on the path
-from autoscaler.sim.traces import EXTRA_FAMILIES, UNSEEN_FAMILIES
+from autoscaler.sim.families import EXTRA_FAMILIES, UNSEEN_FAMILIES
 
 RESULTS = ROOT / "benchmarks" / "results"
 DEV_SEEDS = (1, 2, 3, 4, 5)

@@ -378,11 +378,11 @@ def main() -> None:
         prof = cProfile.Profile()
         prof.enable()
     cpu0 = thread_cpu()
-    falls = [be.workloads.placement_fallbacks]
+    falls = [be.placer.placement_fallbacks]
     phases = {"steady": [time.perf_counter()]}
     steady = run(args.steady_ticks)
     phases["steady"].append(time.perf_counter())
-    falls.append(be.workloads.placement_fallbacks)
+    falls.append(be.placer.placement_fallbacks)
     steady_threads = cpu_since(cpu0)
     if args.profile:
         prof.disable()
@@ -481,10 +481,10 @@ def main() -> None:
         "rollout": {"pass_budget_s": budget, "passes_stopped_at_budget": be.rollout.deferred + be.repartitioner.deferred - deferred0,
                     # the whole run: new pods kept gated for their planned node (its instance held by a pod
                     # on its way out), and pods let go to the scheduler because their planned node was full
-                    "placement_waits": be.workloads.placement_waits,
+                    "placement_waits": be.placer.placement_waits,
                     "placement_fallbacks": {"warm_up": falls[0], "steady": falls[1] - falls[0],
-                                            "scale_up": be.workloads.placement_fallbacks - falls[1]},
-                    "last_fallbacks": [list(f) for f in list(be.workloads.fallback_log)[-10:]]},
+                                            "scale_up": be.placer.placement_fallbacks - falls[1]},
+                    "last_fallbacks": [list(f) for f in list(be.placer.fallback_log)[-10:]]},
     }
     ctl.close()
     if prom_server is not None:

@@ -26,10 +26,11 @@ from _support import wait_until
 
 from autoscaler.act.local.backoff import BackoffPolicy
 from autoscaler.act.local.cluster import LocalCluster
-from autoscaler.act.local.nginx import NginxFrontDoor
+from autoscaler.act.local.nginx import NginxError, NginxFrontDoor, Route
 from autoscaler.act.local.pids import proc_alive, proc_command, started_from
 from autoscaler.act.local.ports import PortInUse
 from autoscaler.act.local.replicas import LocalReplica, ModelRuntime
+from autoscaler.act.local.triton import free_port
 from autoscaler.mig.layout import Placement
 from autoscaler.policy.types import Action, ActionKind, GpuState, Reason, ReplicaState
 
@@ -244,6 +245,41 @@ def test_a_taken_port_is_an_error_naming_its_holder(tmp_path):
         with pytest.raises(PortInUse, match=rf"port {port} is in use by pid {os.getpid()} \(.*{Path(sys.executable).name}"):
             door.start([])
         assert door.proc is None  # nothing started
+
+
+def test_a_reload_racing_nginx_s_exit_is_an_nginx_error(tmp_path):
+    """nginx exits between the liveness check and the reload's signal (at teardown):
+    the caller gets NginxError, which it handles, not a ProcessLookupError."""
+    door = NginxFrontDoor(tmp_path, free_port())
+    door.start([])
+    try:
+        door.proc.kill()
+        door.proc.wait()  # gone and reaped: its PID names nothing we started
+        door.alive = lambda: True  # the check that ran just before it exited
+        with pytest.raises(NginxError, match="exited before its reload"):
+            door.update([Route("tiny", ("127.0.0.1:1",), None)])
+    finally:
+        door.stop()
+
+
+def test_a_drain_whose_reload_fails_still_retires_the_replica(faulty, monkeypatch):
+    c = faulty
+    assert c.apply_and_wait([Action(ActionKind.CREATE, R, gpu=GPU, model="tiny", profile="1g.10gb", start=6),
+                             Action(ActionKind.WAIT_READY, R)], 60) == []
+    r = c.replicas()[0]
+    pids = r.pids()
+    crashed = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: crashed.append(args.exc_value))
+
+    def refused(routes):
+        raise NginxError("nginx exited before its reload (exit -9)")
+
+    monkeypatch.setattr(c.door, "update", refused)
+    assert c.apply([Action(ActionKind.DRAIN, R, replica=r.id)]) == []
+    wait_until(lambda: not c.replicas(), 30, "the drained replica to be removed")
+    assert not any(proc_alive(p) for p in pids)
+    assert any(f"drain {r.id}: front door not reloaded" in e for e in c.events)
+    assert crashed == []
 
 
 def _cli_configs(tmp_path: Path, models_text: str, cluster_extra: str = "") -> tuple[Path, Path, Path]:

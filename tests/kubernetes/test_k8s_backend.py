@@ -250,13 +250,13 @@ def test_a_pod_keeps_its_instance_and_a_new_pod_takes_the_planners_if_free(fake,
     where = {r.id: (r.gpu, r.start) for r in be.snapshot().replicas}
     assert where["resnet-m"] == ("node-a/0", 0) and where["resnet-a"] == ("node-a/0", 1)
     # the planner meant the next one for node-a/1@3: free there, so that is where it is shown
-    be.workloads.spot_hints["resnet-z"] = ("node-a/1", 3)
+    be.placer.spot_hints["resnet-z"] = ("node-a/1", 3)
     fake.put_object(pod("resnet-z", "node-a", profile="1g.10gb"))
     caught_up(be, fake)
     where = {r.id: (r.gpu, r.start) for r in be.snapshot().replicas}
     assert where["resnet-z"] == ("node-a/1", 3)
     # a hint for an instance already taken falls back to the first free one
-    be.workloads.spot_hints["resnet-b"] = ("node-a/0", 0)
+    be.placer.spot_hints["resnet-b"] = ("node-a/0", 0)
     fake.put_object(pod("resnet-b", "node-a", profile="1g.10gb"))
     caught_up(be, fake)
     where = {r.id: (r.gpu, r.start) for r in be.snapshot().replicas}
@@ -281,7 +281,7 @@ def test_a_new_pod_takes_its_planned_instance_from_a_pod_on_its_way_out(fake, ba
     leaving = fake.get("Pod", "resnet-old")
     leaving["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
     fake.put_object(leaving)
-    be.workloads.spot_hints["resnet-new"] = ("node-a/0", 0)
+    be.placer.spot_hints["resnet-new"] = ("node-a/0", 0)
     fake.put_object(pod("resnet-new", "node-a", profile="1g.10gb"))
     caught_up(be, fake)
     reps = {r.id: r for r in be.snapshot().replicas}
@@ -301,7 +301,7 @@ def test_a_pod_not_bound_yet_is_shown_on_the_instance_the_planner_chose(fake, ba
     leaving["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
     fake.put_object(leaving)
     for name, spot in (("resnet-pinned", ("node-b/0", 4)), ("resnet-held", ("node-b/0", 0))):
-        be.workloads.spot_hints[name] = spot
+        be.placer.spot_hints[name] = spot
         unbound = pod(name, "", profile="1g.10gb", ready=False)
         del unbound["spec"]["nodeName"]
         unbound["status"] = {"phase": "Pending"}

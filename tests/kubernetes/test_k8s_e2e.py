@@ -266,8 +266,8 @@ def test_leader_killed_mid_repartition_the_follower_finishes_one_consistent_layo
     fake.put_object(gpu_node("node-2", {"1g.10gb": 7}), manager="kubelet")
     cfg = write_configs(tmp_path, MODELS_2, ["node-0", "node-1", "node-2"])
     from autoscaler.act.kubernetes.config import render_config
+    from autoscaler.act.kubernetes.placer import with_hostname
     from autoscaler.act.kubernetes.render import deployment, pod_disruption_budget
-    from autoscaler.act.kubernetes.workloads import with_hostname
     from autoscaler.config import load_cluster, load_models, model_specs
 
     bert = next(m for m in model_specs(load_models(cfg[0]), load_cluster(cfg[1])) if m.name == "bert")

@@ -180,7 +180,7 @@ def test_a_new_pod_waits_for_its_planned_instance_while_a_pod_on_its_way_out_hol
         caught_up(be, fake)
     new = new_pod()
     assert new["spec"].get("schedulingGates") and not new["spec"].get("nodeName")  # kept for node-0
-    assert be.workloads.placement_waits >= 1 and be.workloads.placement_fallbacks == 0
+    assert be.placer.placement_waits >= 1 and be.placer.placement_fallbacks == 0
     fake.remove_now(fake.key_of(fake.get("Pod", "resnet-old")))  # ... and is gone now
     caught_up(be, fake)
     assert be.advance() == []
@@ -196,7 +196,7 @@ def test_a_gpu_stays_busy_until_the_pods_placed_on_it_exist(fake, backends):
     be = backends([MODEL])
     caught_up(be, fake)
     assert be.apply([replace(act("create", "resnet", gpu="node-0/0"), start=2), act("wait_ready", "resnet", gpu="node-0/0")]) == []
-    assert be.workloads.unclaimed("resnet", "1g.10gb") == 1  # no ReplicaSet here: the pod never comes
+    assert be.placer.unclaimed("resnet", "1g.10gb") == 1  # no ReplicaSet here: the pod never comes
     assert "node-0/0" in be.in_flight()[0]
     new = pod("resnet-1g-10gb-abc-xyz1", "", profile="1g.10gb", ready=False)
     new["spec"]["schedulingGates"] = [{"name": "migscale.io/placement"}]
@@ -204,7 +204,7 @@ def test_a_gpu_stays_busy_until_the_pods_placed_on_it_exist(fake, backends):
     fake.put_object(new)
     caught_up(be, fake)
     be.advance()  # its gate lifted, the placement taken
-    assert be.workloads.unclaimed("resnet", "1g.10gb") == 0
+    assert be.placer.unclaimed("resnet", "1g.10gb") == 0
     assert "node-0/0" not in be.in_flight()[0]  # the snapshot shows the pod there now
     assert [(r.gpu, r.start) for r in be.snapshot().replicas] == [("node-0/0", 2)]
 
@@ -289,7 +289,7 @@ def test_a_pod_pinned_to_a_node_that_filled_up_meanwhile_is_recreated_and_placed
     replacement is placed afresh."""
     from k8s_helpers import pod
 
-    from autoscaler.act.kubernetes.workloads import UNPIN_AFTER_S
+    from autoscaler.act.kubernetes.placer import UNPIN_AFTER_S
 
     fake = cluster.fake
     cluster.add_nodes(2, {"1g.10gb": 1})

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from autoscaler.sim import families
 from autoscaler.sim import traces as tr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -24,7 +25,7 @@ def _gen(kind: str, seed: int, hours: float = 8.0) -> tr.Trace:
     return tr.generate(kind, MODELS, hours * 3600, seed=seed, mean_rps=MEANS)
 
 
-@pytest.mark.parametrize("kind", sorted(tr.FAMILIES))
+@pytest.mark.parametrize("kind", sorted(families.FAMILIES))
 def test_family_is_seeded_and_keeps_each_mean(kind):
     a, b, c = _gen(kind, 3), _gen(kind, 3), _gen(kind, 4)
     assert np.array_equal(a.rps, b.rps)
@@ -41,9 +42,9 @@ def test_family_is_seeded_and_keeps_each_mean(kind):
 
 
 def test_extra_families_are_families_beyond_the_six_and_hold_the_unseen():
-    assert set(tr.EXTRA_FAMILIES) <= set(tr.FAMILIES)
-    assert not set(tr.EXTRA_FAMILIES) & {"heavytail", "flashcrowd", "onoff", "steps", "weekly", "mixed"}
-    assert set(tr.UNSEEN_FAMILIES) < set(tr.EXTRA_FAMILIES)
+    assert set(families.EXTRA_FAMILIES) <= set(families.FAMILIES)
+    assert not set(families.EXTRA_FAMILIES) & {"heavytail", "flashcrowd", "onoff", "steps", "weekly", "mixed"}
+    assert set(families.UNSEEN_FAMILIES) < set(families.EXTRA_FAMILIES)
 
 
 def test_the_benchmark_refuses_unseen_families_on_development_seeds(capsys):

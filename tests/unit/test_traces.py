@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from autoscaler.cli import app
 from autoscaler.sim import traces as tr
+from autoscaler.sim.kinds import gamma_interarrivals
 
 MODELS = ["resnet", "bert", "vit", "gpt"]
 
@@ -78,7 +79,7 @@ def test_diurnal_mean_and_daily_swing():
 
 def test_gamma_interarrivals_have_requested_cv():
     rng = np.random.default_rng(0)
-    x = tr.gamma_interarrivals(rng, mean_s=2.0, cv=1.5, n=200_000)
+    x = gamma_interarrivals(rng, mean_s=2.0, cv=1.5, n=200_000)
     assert x.mean() == pytest.approx(2.0, rel=0.02)
     assert x.std() / x.mean() == pytest.approx(1.5, rel=0.03)
 

@@ -12,6 +12,9 @@ with the official ``kubernetes`` client, composed of:
   leader tick, from the controller's ``before_tick``) moves them on, and what
   fails later is reported once by ``take_errors()`` (the actuator contract,
   ``autoscaler/protocols.py``);
+- ``PodPlacer`` (``placer.py``): lifts each new pod's placement gate with
+  the node the planner chose for it, as the Pod watch shows the pod, and
+  recreates pods pinned to a node that filled up (``unpin``, each tick);
 - ``Repartitioner`` (``repartition.py``): the per-node state machine whose
   state is an annotation on the Node;
 - ``EventRecorder`` (``events.py``): an Event for each scale, swap step and
@@ -41,6 +44,7 @@ from autoscaler.act.kubernetes.informer import wait_all_synced
 from autoscaler.act.kubernetes.inventory import KubeInventory, is_ready, pod_profile, unschedulable
 from autoscaler.act.kubernetes.leader import LeaseElector
 from autoscaler.act.kubernetes.leader import micro_time as rfc3339
+from autoscaler.act.kubernetes.placer import PodPlacer
 from autoscaler.act.kubernetes.render import MODEL_LABEL, WHOLE, OwnerRef, RenderConfig
 from autoscaler.act.kubernetes.repartition import Repartitioner
 from autoscaler.act.kubernetes.rollout import Rollout, chain_groups
@@ -81,16 +85,17 @@ class KubernetesBackend:
         self.caches = caches or make_caches(rest, cfg, watch_timeout_s=watch_timeout_s, all_namespaces=all_namespaces)
         self.recorder = EventRecorder(rest, self.clock, instance=identity, namespace=cfg.namespace)
         self.workloads = Workloads(rest, cfg, self.clock, self.caches, self._event)
+        self.placer = PodPlacer(rest, cfg.namespace, self.clock, self.caches.pods, self.caches.nodes, self._event)
         self.repartitioner = Repartitioner(
             rest, cfg, self.clock, self.caches.nodes, self.caches.pods, workloads=self.workloads,
             free_elsewhere=self._free_elsewhere, identity=identity, event=self._event,
             drain_timeout_s=drain_timeout_s, config_timeout_s=config_timeout_s, retry_after_s=retry_after_s,
             pass_budget_s=pass_budget_s,
         )
-        self.inventory = KubeInventory(cfg, self.caches.nodes, self.caches.pods, self.workloads.spot_hints,
+        self.inventory = KubeInventory(cfg, self.caches.nodes, self.caches.pods, self.placer.spot_hints,
                                       self.repartitioner.configs, self.repartitioner.starts)
-        self.workloads.free_spot = self.inventory.take_free
-        self.rollout = Rollout(self.workloads, self.repartitioner, self.clock, cannot_start=self._cannot_start,
+        self.placer.free_spot = self.inventory.take_free
+        self.rollout = Rollout(self.workloads, self.placer, self.repartitioner, self.clock, cannot_start=self._cannot_start,
                                ready_timeout_s=ready_timeout_s, pass_budget_s=pass_budget_s)
         self.apply_calls: deque[str] = deque(maxlen=500)  # what was written, newest last
         self._late: deque[str] = deque(maxlen=200)  # errors of queued work, until take_errors() reads them
@@ -131,7 +136,7 @@ class KubernetesBackend:
 
     def _on_pod(self, kind: str, pod: Obj) -> None:
         if kind == "ADDED" and self.leading() and (pod.get("spec") or {}).get("schedulingGates"):
-            self._late.extend(self.workloads.ungate([pod]))
+            self._late.extend(self.placer.ungate([pod]))
 
     def leading(self) -> bool:
         return self.elector is None or self.elector.holds()
@@ -169,8 +174,8 @@ class KubernetesBackend:
             return []
         self.recorder.new_tick()
         self.rollout.begin_tick()
-        errors = self.workloads.ungate()
-        errors += self.workloads.unpin()
+        errors = self.placer.ungate()
+        errors += self.placer.unpin()
         errors += self.repartitioner.advance()
         errors += self.rollout.advance()
         errors += self.workloads.sweep(self.rollout.workload_names())

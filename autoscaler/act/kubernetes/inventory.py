@@ -227,7 +227,7 @@ def pod_profile(pod: Obj) -> str:
 class FreeInstances:
     """The instances a snapshot left free, by profile, in GPU order, skipping cordoned nodes; listed
     on the first ``take`` (most snapshots hand none out), each handed out once. Its callers take
-    turns: the snapshot that made it, then ``Workloads.ungate`` under its lock."""
+    turns: the snapshot that made it, then ``PodPlacer.ungate`` under its lock."""
 
     def __init__(self, gpus: Sequence[GpuState], taken: set[tuple[str, int]], cordoned: set[str]) -> None:
         self._src = (gpus, taken, cordoned)

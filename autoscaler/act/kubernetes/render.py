@@ -42,7 +42,7 @@ MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 MIG_STATE_LABEL = "nvidia.com/mig.config.state"
 MULTUS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
 WHOLE = "whole"  # profile key of a multinode group in Plan.desired
-PLACEMENT_GATE = "migscale.io/placement"  # a Deployment pod's scheduling gate (workloads.py lifts it)
+PLACEMENT_GATE = "migscale.io/placement"  # a Deployment pod's scheduling gate (placer.py lifts it)
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 # GPU feature discovery writes the NVML name with spaces turned into dashes

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field, replace
 
 from autoscaler.act.kubernetes.client import KubeError
 from autoscaler.act.kubernetes.inventory import is_ready, node_of
+from autoscaler.act.kubernetes.placer import PodPlacer
 from autoscaler.act.kubernetes.render import WHOLE, workload_name
 from autoscaler.act.kubernetes.repartition import Repartitioner, state_of
 from autoscaler.act.kubernetes.workloads import Workloads
@@ -107,6 +108,7 @@ class Rollout:
     def __init__(
         self,
         workloads: Workloads,
+        placer: PodPlacer,
         repartitioner: Repartitioner,
         clock: Clock,
         *,
@@ -115,6 +117,7 @@ class Rollout:
         pass_budget_s: float | None = 0.25,
     ) -> None:
         self.workloads = workloads
+        self.placer = placer
         # Seconds the passes of one tick may spend starting steps that write (None: no
         # limit). A tick's passes -- the backend's ``advance`` before the tick, then the
         # ``apply`` of its actions -- share it (``begin_tick``/``end_tick``); a pass outside
@@ -298,11 +301,11 @@ class Rollout:
                     return DONE
             nodes = [node_of(g) for g in step.gpus][:n] if step.profile != WHOLE else []
             spots = [(a.gpu, a.start) if a.gpu is not None and a.start is not None else None for a in step.acts][:n]
-            self.workloads.place(spec.name, step.profile, nodes, spots)  # before the pods exist: the watch may be quick
+            self.placer.place(spec.name, step.profile, nodes, spots)  # before the pods exist: the watch may be quick
             try:
                 self.workloads.scale(spec, step.profile, old + n, step.reason.value)
             except KubeError:
-                self.workloads.unplace(spec.name, step.profile, len(nodes))
+                self.placer.unplace(spec.name, step.profile, len(nodes))
                 raise
             chain.targets[key] = old + n
             return DONE
@@ -414,7 +417,7 @@ class Rollout:
                     # the pods it waits for exist (the snapshot shows them on their instances) unless
                     # their placements are still unclaimed: until then those instances look free, and a
                     # plan would put a second replica on them (the ReplicaSet's "expectations")
-                    if s.model and s.profile and self.workloads.unclaimed(s.model, s.profile):
+                    if s.model and s.profile and self.placer.unclaimed(s.model, s.profile):
                         gpus.update(s.gpus)
                     continue
                 gpus.update(s.gpus)

@@ -39,6 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from autoscaler.act.local.nginx import NginxError
 from autoscaler.act.local.probe import ReplicaLoad, scrape
 from autoscaler.act.local.replicas import WHOLE, LocalReplica, ModelRuntime, launch, launch_group, replica_env
 from autoscaler.mig.layout import Placement, check_layout
@@ -356,7 +357,13 @@ class ApplyMixin:
 
     def _drain_worker(self, r: LocalReplica) -> None:
         try:
-            old_workers = self.sync_router()
+            try:
+                old_workers = self.sync_router()
+            except NginxError as e:
+                # The door died or refused the reload: it routes nothing to this replica once
+                # it is restarted or reloaded from the routes, which no longer name it.
+                self.log(f"drain {r.id}: front door not reloaded ({e})")
+                old_workers = set()
             # Once the workers of the old config have exited, every request nginx
             # sent to this replica has been answered and no new one can arrive.
             self.door.wait_retired(old_workers)

@@ -29,7 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoscaler.act.local.procs import error_lines, kill_group, spawn, stop_child, tail_lines
-from autoscaler.act.local.triton import TritonPorts, TritonProcess, free_port, triton_env
+from autoscaler.act.local.triton import (
+    PORT_RETRIES,
+    TritonPorts,
+    TritonProcess,
+    free_ports,
+    port_clash,
+    triton_env,
+)
 
 # Generation directories kept on disk: the current one and the two before it
 # (the last crash's logs stay readable while the next generation starts).
@@ -69,6 +76,10 @@ class ProcessGroup:
             raise ValueError(f"member_env has {len(self.member_env)} entries for a group of {size}")
         self.tritonserver = tritonserver
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
+        # Ports a caller gave are kept for every generation (the caller published them);
+        # otherwise each generation starts on fresh ones, so a recreate after a port
+        # clash cannot clash on the same port again.
+        self.fixed_ports = ports is not None
         self.ports = ports or TritonPorts.free()
         self.leader: TritonProcess | None = None
         self.workers: list[Member] = []
@@ -137,7 +148,7 @@ class ProcessGroup:
         gen = self.generation + 1
         self.started_at = time.time()
         self.ready_at = None
-        self.rendezvous_port = free_port()
+        self._choose_ports()
         gen_dir = self.workdir / f"gen{gen}"
         gen_dir.mkdir(parents=True, exist_ok=True)
         self._prune_generations()
@@ -145,6 +156,16 @@ class ProcessGroup:
             self._start_members(gen_dir)
         finally:
             self.generation = gen
+
+    def _choose_ports(self) -> None:
+        # The rendezvous port is chosen with the leader's three, all held at once: picked
+        # one after another, the kernel hands a just-released port out again, and the
+        # group's rendezvous then takes the leader's gRPC port.
+        if self.fixed_ports:
+            (self.rendezvous_port,) = free_ports(1, exclude=set(self.ports))
+        else:
+            *leader, self.rendezvous_port = free_ports(4, exclude=set(self.ports))
+            self.ports = TritonPorts(*leader)
 
     def _start_members(self, gen_dir: Path) -> None:
         self.leader = TritonProcess(
@@ -224,14 +245,27 @@ class ProcessGroup:
         )
 
     def wait_ready(self, timeout_s: float = 120.0) -> float:
+        """Block until the group is ready; seconds from its last start. A generation that lost
+        one of the ports we chose is recreated on fresh ones, ``PORT_RETRIES`` times at most."""
         deadline = time.time() + timeout_s
+        retries = 0
         while time.time() < deadline:
             if self.failed():
+                if retries < PORT_RETRIES and not self.fixed_ports and self._port_clash():
+                    retries += 1
+                    self.recreate()
+                    continue
                 raise RuntimeError(f"group {self.model} lost a member while starting:\n{self.tail_logs()}")
             if self.is_ready():
                 return time.time() - (self.started_at or time.time())
             time.sleep(0.1)
         raise TimeoutError(f"group {self.model} not ready after {timeout_s:.0f}s:\n{self.tail_logs()}")
+
+    def _port_clash(self) -> bool:
+        """Did this generation fail on a port someone else bound first (its logs are its own)?"""
+        logs = [self.leader.log_path] if self.leader else []
+        logs += [m.log_path for m in self.workers if m.log_path is not None]
+        return any(port_clash(tail_lines(path, 200)) for path in logs)
 
     def tail_logs(self, lines: int = 10) -> str:
         parts = [self.leader.tail_log(lines)] if self.leader else []

@@ -300,7 +300,11 @@ class NginxFrontDoor:
         old = self.workers()
         self._write(routes)
         self._test()
-        os.kill(self.proc.pid, signal.SIGHUP)
+        # send_signal, not os.kill: nginx may exit after the check above (at teardown),
+        # and Popen neither signals a reaped PID nor raises for it.
+        self.proc.send_signal(signal.SIGHUP)
+        if self.proc.poll() is not None:
+            raise NginxError(f"nginx exited before its reload (exit {self.proc.returncode})")
         self.routes = routes
         self.reloads += 1
         return old

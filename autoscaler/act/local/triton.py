@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
@@ -32,9 +32,47 @@ class TritonError(RuntimeError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return free_ports(1, host=host)[0]
+
+
+def free_ports(n: int, exclude: Collection[int] = (), host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports the kernel calls free now, none of them in ``exclude``.
+
+    Every socket stays bound until all are chosen, so no port is handed out twice
+    (one freed and picked again at once is the kernel's habit). They are free when
+    this returns, not reserved: a process that binds them later can still lose
+    one to another process, which ``port_clash`` recognizes."""
+    socks: list[socket.socket] = []
+    try:
+        ports: list[int] = []
+        while len(ports) < n:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+            if port not in exclude:
+                ports.append(port)
+        return ports
+    finally:
+        for s in socks:
+            s.close()
+
+
+# Triton ("Socket '127.0.0.1:N' already in use"), gloo and Python ("Address already
+# in use") all say it so.
+_PORT_CLASH = "already in use"
+# Fresh-port retries of one start that lost a port to another process.
+PORT_RETRIES = 2
+
+
+def port_clash(lines: Sequence[str]) -> bool:
+    """Did a start fail because a port chosen for it was bound by someone else first?
+
+    Ports are picked free and bound seconds later (tritonserver binds after its
+    models load; a group's ranks open sockets meanwhile), so another process can
+    take one in between. That failure is the choice's, not the model's: the
+    caller retries with fresh ports instead of reporting a crash."""
+    return any(_PORT_CLASH in ln.lower() for ln in lines)
 
 
 def port_listening(port: int, timeout_s: float = 0.2, host: str = "127.0.0.1") -> bool:
@@ -51,17 +89,11 @@ class TritonPorts:
     metrics: int
 
     @classmethod
-    def free(cls) -> TritonPorts:
-        # Three distinct ports; binding them all at once avoids handing out a duplicate.
-        socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(3)]
-        try:
-            for s in socks:
-                s.bind(("127.0.0.1", 0))
-            http, grpc, metrics = (s.getsockname()[1] for s in socks)
-        finally:
-            for s in socks:
-                s.close()
-        return cls(http, grpc, metrics)
+    def free(cls, exclude: Collection[int] = ()) -> TritonPorts:
+        return cls(*free_ports(3, exclude))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter((self.http, self.grpc, self.metrics))
 
 
 def _pytriton_dir() -> Path:
@@ -158,6 +190,9 @@ class TritonProcess:
         self.model_repository = Path(model_repository).resolve()
         self.models = list(models)
         self.workdir = Path(workdir).resolve()
+        # Ports we chose may be replaced by fresh ones when a start loses one (port_clash);
+        # ports a caller gave are kept: the caller has published them.
+        self.fixed_ports = ports is not None
         self.ports = ports or TritonPorts.free()
         self.extra_env = dict(env or {})
         self.binary = find_tritonserver(tritonserver)
@@ -167,6 +202,7 @@ class TritonProcess:
         # one copy of the backends (~2.8 MB) shared by every replica, not one per start
         self.backends_dir = Path(backends_dir) if backends_dir is not None else self.workdir.parent / "backends"
         self.proc: subprocess.Popen | None = None
+        self._log_start = 0
         self.started_at: float | None = None
         self.ready_at: float | None = None
 
@@ -223,6 +259,8 @@ class TritonProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.started_at = time.time()
         self.ready_at = None
+        # The log is appended to across starts; what this start wrote begins here.
+        self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         # Its own process group (procs.spawn): the Python stubs Triton forks join
         # it, so killing the group also ends stubs whose server was kill -9-ed;
         # Ctrl-C in the terminal reaches only the controller, which stops
@@ -258,10 +296,17 @@ class TritonProcess:
         return port_listening(self.ports.metrics, timeout_s)
 
     def wait_ready(self, timeout_s: float = 60.0) -> float:
-        """Block until ready; returns seconds from start to ready. Raises TritonError."""
+        """Block until ready; returns seconds from the last start to ready. Raises TritonError.
+
+        A server that exits because one of the ports we chose was taken first is
+        started again on fresh ones, ``PORT_RETRIES`` times at most."""
         deadline = time.time() + timeout_s
+        retries = 0
         while time.time() < deadline:
             if not self.alive():
+                if retries < PORT_RETRIES and self.restart_on_port_clash():
+                    retries += 1
+                    continue
                 raise TritonError(f"tritonserver exited with {self.proc.returncode if self.proc else '?'}; "
                                   f"last log lines:\n{self.tail_log()}")
             if self.is_ready(timeout_s=0.5):
@@ -269,6 +314,24 @@ class TritonProcess:
                 return self.ready_at - (self.started_at or self.ready_at)
             time.sleep(0.05)
         raise TritonError(f"tritonserver not ready after {timeout_s:.0f}s; last log lines:\n{self.tail_log()}")
+
+    def restart_on_port_clash(self) -> bool:
+        """After an exit: start again on fresh ports if the exit was a port clash on ports we
+        chose (True), else leave it exited (False)."""
+        if self.fixed_ports or self.proc is None or not port_clash(self._lines_since_start()):
+            return False
+        self.reap()
+        self.ports = TritonPorts.free(exclude=set(self.ports))
+        self.start()
+        return True
+
+    def _lines_since_start(self, max_bytes: int = 65536) -> list[str]:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(self._log_start, self.log_path.stat().st_size - max_bytes))
+                return f.read().decode(errors="replace").splitlines()
+        except OSError:
+            return []
 
     def tail_log(self, lines: int = 20) -> str:
         return "\n".join(tail_lines(self.log_path, lines))

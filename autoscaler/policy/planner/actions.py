@@ -81,19 +81,21 @@ def finish(*, now_s: float, cluster: ClusterState, gpus: list[GpuWork], work: di
     for n, rs in groups.reasons.items():
         reasons[n] = list(rs)
     caps = {n: sp.capacity for n, sp in specs.items()}
-    target: dict[str, float] = {}
+    # What each model must keep serving while the plan runs (``order``'s drain floor):
+    # its demand; unbounded when unknown, so only capacity before and after bound it.
+    keep_rps: dict[str, float] = {}
     for name in specs:
         d = demand_rps.get(name)
         m = work.get(name)
         if d is None and m is not None and m.demand is not None:
             d = m.demand
-        target[name] = max(0.0, float(d)) if d is not None else math.inf
+        keep_rps[name] = max(0.0, float(d)) if d is not None else math.inf
     converging: set[str] = set()
     # models with a replica still starting that the plan keeps: a drain stuck on one waits for it
     starting = {r.model for r in replicas.values() if r.state is ReplicaState.STARTING and r.id not in removed}
     while True:
         apply_selection(gpus, by_id, creates, sel_c, removed, sel_d, replicas, groups)
-        actions, stuck = order(gpus, by_id, creates, sel_c, removed, sel_d, replicas, cluster, caps, target)
+        actions, stuck = order(gpus, by_id, creates, sel_c, removed, sel_d, replicas, cluster, caps, keep_rps)
         if not stuck:
             break
         for c in stuck[0]:

@@ -11,7 +11,7 @@ nothing else can go, WAIT_READY of the pending new replicas, which lets their
 models' own removals follow (a WAIT_READY holds back the rest of its chain, so
 it comes no earlier than something needs it). A serving replica is drained
 only while its model keeps at least min(capacity before, capacity after,
-target) req/s from ready replicas (a replica still STARTING counts after,
+demand) req/s from ready replicas (a replica still STARTING counts after,
 never before: a drain that waits for it is deferred with
 ``Reason.HOLD_CONVERGING`` until a later tick finds it ready); a REPARTITION
 waits for the DELETE of every replica on an instance it destroys; a CREATE
@@ -63,7 +63,7 @@ def _fill_layout(product: Product, occupied: tuple[Placement, ...], current: tup
 
 def order(gpus: list[GpuWork], by_id: dict[str, GpuWork], creates: list[Create], sel_c: set[int],
           removed: dict[str, Reason], sel_d: set[str], replicas: dict[str, Replica], cluster: ClusterState,
-          caps: Mapping[str, Mapping[str, float]], target: Mapping[str, float]
+          caps: Mapping[str, Mapping[str, float]], keep_rps: Mapping[str, float]
           ) -> tuple[list[Action], tuple[list[Create], list[str]] | None]:
     """The selected actions in make-before-break waves (see the module docstring), and
     None; or, when some cannot go (they wait on something deferred), those creates and
@@ -106,9 +106,9 @@ def order(gpus: list[GpuWork], by_id: dict[str, GpuWork], creates: list[Create],
             c_rep[c.order] = None
             c_deps[c.order] = {rid for rid in sel_d if replicas[rid].gpu == c.gpu and overlap(g, c, replicas[rid])}
     # Make-before-break by capacity: a serving replica is drained only while
-    # its model keeps at least min(capacity before, capacity after, target)
-    # req/s from replicas that are ready. Worked number: 2 x 7g (279 req/s)
-    # becoming 2 x 1g (112) for a target of 106: after one new 1g is ready
+    # its model keeps at least min(capacity before, capacity after, demand)
+    # req/s from replicas that are ready (``keep_rps``). Worked number: 2 x 7g
+    # (279 req/s) becoming 2 x 1g (112) for a demand of 106: after one new 1g is ready
     # (335), one 7g may go (195 >= 106); the second waits for the second 1g.
     def rps(model: str, profile: str) -> float:
         return float(caps.get(model, {}).get(profile, 0.0))
@@ -128,7 +128,7 @@ def order(gpus: list[GpuWork], by_id: dict[str, GpuWork], creates: list[Create],
     for c in creates:
         if c.order in sel_c and c.profile != WHOLE:
             after[c.model] = after.get(c.model, 0.0) + rps(c.model, c.profile)
-    floor = {m: min(serving.get(m, 0.0), after.get(m, 0.0), target.get(m, 0.0)) for m in set(serving) | set(after)}
+    floor = {m: min(serving.get(m, 0.0), after.get(m, 0.0), keep_rps.get(m, 0.0)) for m in set(serving) | set(after)}
     d_deps: dict[str, set[int]] = {rid: set() for rid in sel_d}
     done_c: set[int] = set()
     done_d: set[str] = set()
