@@ -80,7 +80,7 @@ TARGET_ATTAINMENT = 0.99
 # learned headroom, its default the policy's own; the HPA baselines' defaults are the reference values
 # (NVIDIA's queue:compute ratio 1, the common 70% utilisation target).
 KNOBS: dict[str, tuple[str, tuple[float, ...], float]] = {
-    "migscale": ("headroom_quantile", (0.9, 0.95, 0.99), HeadroomConfig.quantile),
+    "migscale": ("headroom_quantile", (0.5, 0.75, 0.9, 0.95, 0.99), HeadroomConfig.quantile),
     "hpa-util": ("target", (0.5, 0.7, 0.85), 0.7),
     "hpa-queue": ("target", (0.5, 1.0, 2.0), 1.0),
 }

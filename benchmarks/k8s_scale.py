@@ -294,9 +294,9 @@ def main() -> None:
     # what ``advance`` spends, by writer (each nested in advance_s)
     timed(be.repartitioner, "advance", "advance_repartition")
     timed(be.rollout, "advance", "rollout_pass")  # in advance and in apply (submit's pass)
-    timed(be.workloads, "unpin", "advance_unpin")
+    timed(be.placer, "unpin", "advance_unpin")
     timed(be.workloads, "sweep", "advance_sweep")
-    timed(be.workloads, "ungate", "ungate")  # in advance, and per new pod in the Pod informer's thread
+    timed(be.placer, "ungate", "ungate")  # in advance, and per new pod in the Pod informer's thread
 
     def thread_cpu() -> dict[str, float]:
         """CPU seconds so far by thread kind (the informers' threads, the lease's, the main loop...)."""

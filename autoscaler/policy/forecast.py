@@ -285,7 +285,7 @@ def envelope(f: Forecast, horizon_s: float, cfg: ForecastConfig = ForecastConfig
 
 @dataclass(frozen=True)
 class HeadroomConfig:
-    # 0.9: the cheapest of 0.9/0.95/0.99 that reaches 99% mean attainment on the
+    # 0.9: the cheapest of 0.5/0.75/0.9/0.95/0.99 that reaches 99% mean attainment on the
     # development seeds 1-5 of benchmarks/generalization.py, which re-checks the pick
     # on every run (its `chosen_on_dev_seeds`; the README gives today's figures), with the
     # level's time constant at the long window (PolicyConfig.forecasting).
