@@ -194,7 +194,11 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--models", type=int, default=200)
     ap.add_argument("--steady-ticks", type=int, default=30, help="30 ticks of 2 s: one periodic re-plan (replan_s 60 s) falls in them")
-    ap.add_argument("--warmup-ticks", type=int, default=150, help="the warm-up ends here if not settled")
+    # The emulated Triton's p99 covers a minute, as a real one's does, and the policy learns
+    # from it only once each model's capacity has been steady that long: from nothing, the
+    # fleet settled at tick 127-155 in this benchmark's runs. The cap only bounds a run that
+    # never settles (a settled warm-up ends at once).
+    ap.add_argument("--warmup-ticks", type=int, default=300, help="the warm-up ends here if not settled")
     ap.add_argument("--max-ticks", type=int, default=30, help="the scale-up ends here if not settled")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--profile", type=Path, help="write cProfile stats of the steady ticks here, and of the scale-up's next to it (NAME-scale-up.SUFFIX)")

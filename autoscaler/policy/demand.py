@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from types import EllipsisType
 
 from autoscaler.policy.types import ClusterState, ModelSignals, ReplicaState
 
@@ -237,6 +238,34 @@ def required_capacity(demand_rps: float, correction: float, headroom: float) -> 
     return max(0.0, demand_rps) * correction * (1.0 + headroom)
 
 
+def span_utilization(
+    hist: tuple[DemandSample, ...], observed: float, now_s: float, span_s: float | None, factor: float, capacity: float
+) -> tuple[float | None, float | None]:
+    """(highest, lowest) corrected utilization (demand x factor / capacity) over the
+    span a p99 covers; without a span of its own (``span_s`` None) both are this
+    window's demand.
+
+    The highest excuses a miss: an overload anywhere in the span explains a slow
+    p99. The lowest must still be busy for a fast p99 to show the table
+    pessimistic, and it is read from measured rates only: a saturation guess
+    (served rate + backlog) is no rate, and a busy moment inside a quiet minute
+    does not make its p99 a busy one's. Taking the highest for both let one
+    overload's guess (4x the load) stand for a minute in which the p99 was
+    mostly the quiet replicas': the factor fell to its floor, the replicas went
+    with it, the overload came back, and 200 models in the 8,000-GPU benchmark
+    never settled."""
+    if capacity <= 0:
+        return None, None
+    if span_s is None:
+        u = observed * factor / capacity
+        return u, u
+    span = [x for x in hist if x.t_s > now_s - span_s]
+    highest = max([observed, *(x.rps for x in span)])
+    measured = [x.rps for x in span if not x.guess]
+    lowest = min(measured) * factor / capacity if measured else None
+    return highest * factor / capacity, lowest
+
+
 def update_correction(
     factor: float,
     p99_ms: float | None,
@@ -244,12 +273,16 @@ def update_correction(
     utilization: float | None,
     latency_is_average: bool,
     cfg: CorrectionConfig = CorrectionConfig(),
+    *,
+    lowest_utilization: float | None | EllipsisType = ...,
 ) -> tuple[float, bool]:
     """One online step of the correction factor; returns (factor, learned?).
 
     ``utilization`` is corrected demand / table capacity of what runs
-    (demand x factor / capacity). The sample is observed p99 / SLO: the
-    table promises p99 <= SLO up to full load, so
+    (demand x factor / capacity); where the p99 covers a longer span than the
+    demand, it is the span's highest and ``lowest_utilization`` its lowest
+    (``span_utilization``; ``...``: the same as ``utilization``). The sample
+    is observed p99 / SLO: the table promises p99 <= SLO up to full load, so
 
     - over the SLO while utilization <= 1: the table is optimistic. p99 80 ms
       vs SLO 50 ms gives 1.6 and, with alpha 0.2, factor 1.0 -> 1.6 ** 0.2 =
@@ -257,14 +290,15 @@ def update_correction(
       still). Over the SLO while *over*loaded says nothing about the table --
       that is plain under-provisioning, which demand already fixes; learning
       from it would keep capacity inflated once the backlog is gone;
-    - under half the SLO while busy (utilization >= ``min_utilization``, 0.9) and a real quantile:
-      the table is pessimistic and the factor shrinks;
+    - under half the SLO while busy (the lowest utilization >= ``min_utilization``, 0.9) and a
+      real quantile: the table is pessimistic and the factor shrinks;
     - over the SLO with a factor below 1 at any other load: ``relax_optimism``;
     - otherwise unchanged. The factor stays within [lo, hi].
     """
     if p99_ms is None or slo_p99_ms is None or slo_p99_ms <= 0 or not math.isfinite(p99_ms) or p99_ms <= 0:
         return factor, False
     r = p99_ms / slo_p99_ms
+    busy = utilization if lowest_utilization is ... else lowest_utilization
     if r > 1.0 and utilization is not None and utilization <= cfg.max_utilization_up:
         sample = min(r, cfg.hi)
     elif r > 1.0 and factor < 1.0:
@@ -272,8 +306,8 @@ def update_correction(
     elif (
         r < cfg.low_band
         and not latency_is_average
-        and utilization is not None
-        and utilization >= cfg.min_utilization
+        and busy is not None
+        and busy >= cfg.min_utilization
     ):
         sample = max(r / cfg.low_band, cfg.lo)
     elif r <= 1.0 and factor > 1.0:

@@ -97,11 +97,12 @@ def observe_model(obs, state: PolicyState, cfg: PolicyConfig, spec: ModelSpec, n
         # twice what one replica of the best profile serves, not "any traffic".
         panic_cap = cap if cap > 0 else (best_replica_capacity(spec) or 0.0)
         panic = dm.update_panic(panic, short, panic_cap, cfg.panic_threshold, cfg.stable_window_s, now_s)
-        load = observed if lat_w is None else max([observed, *(x.rps for x in hist if x.t_s > now_s - lat_w)])
-        util = load * corr / cap if cap > 0 else None  # against the corrected table
+        # against the corrected table, over the span the p99 covers
+        util, busy = dm.span_utilization(hist, observed, now_s, lat_w, corr, cap)
         if dm.capacity_settled(spec.name, own, panic, now_s, max(cfg.short_window_s, lat_w or 0.0)):
             corr, _ = dm.update_correction(
-                corr, sig.p99_ms, cfg.slo_p99_ms.get(name), util, sig.latency_is_average, cfg.correction
+                corr, sig.p99_ms, cfg.slo_p99_ms.get(name), util, sig.latency_is_average, cfg.correction,
+                lowest_utilization=busy,
             )
         else:  # a miss refutes an optimistic table even while capacity moves
             corr, _ = dm.relax_optimism(corr, sig.p99_ms, cfg.slo_p99_ms.get(name), cfg.correction)

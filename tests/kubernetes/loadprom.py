@@ -10,8 +10,13 @@ store, each serving its profile's capacity from models.yaml:
   capacity) and failures (the excess, as rejected requests count in Triton);
 - per request ``compute`` ms, and a queue that grows with utilisation
   rho = offered / capacity: queue/compute = rho^2 / (1 - rho), capped at 20
-  (an M/M/1-like shape, enough for the policy's saturation signal); p99 =
-  3 x (queue + compute);
+  (an M/M/1-like shape, enough for the policy's saturation signal); at each
+  moment p50 / p95 / p99 = 1 / 2 / 3 x (queue + compute), and the latency
+  quantiles reported are those of every request served over the last
+  ``SUMMARY_WINDOW_S`` (60 s), as Triton's summaries keep theirs over a sliding
+  window of about a minute: an overload stays in the p99 for that long after a
+  scale-up ended it (each moment's requests taken as exponentially distributed,
+  scaled to that moment's quantile, weighted by what was served);
 - ``pending`` = the excess over five seconds (0 with no Ready pod: no Triton
   to queue in); each Ready pod's busy fraction
   = min(1, rho); sample time = now.
@@ -32,13 +37,33 @@ import json
 import threading
 import time
 import urllib.parse
+from collections import deque
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import numpy as np
 from fakeapi import FakeKube
 
-from autoscaler.observe.queries import Queries
+from autoscaler.observe.queries import SUMMARY_WINDOW_S, Queries
+
+QUANTILES = ((0.5, 1.0), (0.95, 2.0), (0.99, 3.0))  # (quantile, multiple of queue + compute)
+
+
+def mixture_quantiles(q: float, values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Per row, the ``q`` quantile of a mixture of exponential distributions, the j-th
+    scaled so that its own ``q`` quantile is ``values[i, j]`` and weighted by
+    ``weights[i, j]`` (0: padding). Every row at once: one bisection over the lot."""
+    used = weights > 0
+    lo = np.where(used, values, np.inf).min(axis=1)
+    hi = np.where(used, values, 0.0).max(axis=1)
+    a, tail = -np.log1p(-q), (1.0 - q) * weights.sum(axis=1)
+    safe = np.where(used, values, 1.0)
+    for _ in range(40):  # each row's tail falls with L; between its extremes it crosses 1 - q
+        mid = 0.5 * (lo + hi)
+        above = (weights * np.exp(-a * mid[:, None] / safe)).sum(axis=1) > tail
+        lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
+    return 0.5 * (lo + hi)
 
 
 class LoadPrometheus:
@@ -65,6 +90,10 @@ class LoadPrometheus:
         self.unknown: list[str] = []
         self._lock = threading.Lock()
         self._cached: tuple | None = None
+        # per model: (time, served req/s, queue/compute ratio) at each evaluation over the
+        # summary window; cleared while no Ready pod serves (a new Triton starts empty)
+        self._served: dict[str, deque[tuple[float, float, float]]] = {}
+        self._quantiles: dict[str, dict[float, float]] = {}  # per evaluation, filled when asked
         self._counters: dict[tuple[str, str], dict[str, float]] = {}  # (model, pod) -> counter totals
         self._scraped_at: float | None = None
         owner = self
@@ -126,8 +155,45 @@ class LoadPrometheus:
                 for model, lam in offered.items():
                     cap = sum(self.capacity.get(model, {}).get(prof, 0.0) for _, prof in ready.get(model, []))
                     out[model] = {"offered": lam, "capacity": cap, "rho": lam / cap if cap else float("inf")}
+                    self._record(model, now, min(lam, cap), out[model]["rho"])
                 self._cached = (now, ready, out)
+                self._quantiles = {}
             return self._cached
+
+    @staticmethod
+    def _ratio(rho: float) -> float:
+        return min(20.0, rho * rho / (1 - rho)) if rho < 1 else 20.0
+
+    def _record(self, model: str, now: float, served: float, rho: float) -> None:
+        hist = self._served.setdefault(model, deque())
+        if served <= 0:
+            hist.clear()
+            return
+        hist.append((now, served, self._ratio(rho)))
+        while hist and hist[0][0] < now - SUMMARY_WINDOW_S:
+            hist.popleft()
+
+    def latency_ms(self, model: str, ratio: float) -> dict[float, float]:
+        """{quantile: ms} over the summary window, for a model that serves now at this
+        queue/compute ratio (called with the lock held: answers and scrapes share it).
+        The first call of an evaluation computes every serving model's."""
+        if not self._quantiles:
+            models = [m for m, h in self._served.items() if h]
+            width = max((len(self._served[m]) for m in models), default=0)
+            values, weights = np.ones((len(models), width)), np.zeros((len(models), width))
+            for i, m in enumerate(models):
+                t, served, ratios = (np.array(col) for col in zip(*self._served[m]))
+                # each evaluation stands for the time until the next one (the newest: one EVAL_S)
+                dt = np.maximum(np.append(np.diff(t), self.EVAL_S), 1e-3)
+                values[i, : len(t)] = (1.0 + ratios) * self.compute_ms
+                weights[i, : len(t)] = served * dt
+            if models:
+                per_q = {q: mixture_quantiles(q, k * values, weights) for q, k in QUANTILES}
+                self._quantiles = {m: {q: float(v[i]) for q, v in per_q.items()} for i, m in enumerate(models)}
+        got = self._quantiles.get(model)
+        if got is None:  # no request served in the window yet: this moment's own
+            got = {q: k * (1.0 + ratio) * self.compute_ms for q, k in QUANTILES}
+        return got
 
     def answer(self, query: str) -> list[dict[str, Any]]:
         self.queries += 1
@@ -140,7 +206,7 @@ class LoadPrometheus:
         for model, st in state.items():
             lam, cap, rho = st["offered"], st["capacity"], st["rho"]
             served = min(lam, cap)
-            ratio = min(20.0, rho * rho / (1 - rho)) if rho < 1 else 20.0
+            ratio = self._ratio(rho)
             vals = {
                 "request_rate": lam, "success_rate": served, "failure_rate": lam - served,
                 # no Triton at all: requests fail at the door, nothing queues
@@ -150,9 +216,11 @@ class LoadPrometheus:
             if cap > 0 and served > 0:
                 vals.update({"avg_compute_ms": self.compute_ms, "avg_queue_ms": ratio * self.compute_ms,
                              "queue_compute_ratio": ratio, "avg_batch": 1.0,
-                             "p50_ms": (1 + ratio) * self.compute_ms, "p95_ms": 2 * (1 + ratio) * self.compute_ms,
-                             "p99_ms": 3 * (1 + ratio) * self.compute_ms,
                              "avg_request_ms": (1 + ratio) * self.compute_ms})
+                if name in ("p50_ms", "p95_ms", "p99_ms"):
+                    with self._lock:
+                        lat = self.latency_ms(model, ratio)
+                    vals.update({"p50_ms": lat[0.5], "p95_ms": lat[0.95], "p99_ms": lat[0.99]})
             if name in vals:
                 rows.append({"metric": {"model": model}, "value": [now, str(vals[name])]})
             elif name in ("busy_fraction", "replica_sample_time"):
@@ -181,8 +249,9 @@ class LoadPrometheus:
                     continue
                 lam, cap, rho = st["offered"], st["capacity"], st["rho"]
                 served = min(lam, cap)
-                ratio = min(20.0, rho * rho / (1 - rho)) if rho < 1 else 20.0
+                ratio = self._ratio(rho)
                 us = self.compute_ms * 1000.0
+                lat = self.latency_ms(model, ratio)
                 for pod, prof in pods:
                     share = self.capacity.get(model, {}).get(prof, 0.0) / cap
                     ok, bad = served * share, (lam - served) * share
@@ -202,8 +271,8 @@ class LoadPrometheus:
                         extra = ',reason="REJECTED"' if n == "nv_inference_request_failure" else ""
                         lines.append(f"{n}{{{lbl}{extra}}} {tot[n]:.3f}")
                     lines.append(f"nv_inference_pending_request_count{{{lbl}}} {max(0.0, lam - cap) * 5 * share:.3f}")
-                    for q, k in (("0.5", 1), ("0.95", 2), ("0.99", 3)):
-                        lines.append(f'nv_inference_request_summary_us{{{lbl},quantile="{q}"}} {k * (1 + ratio) * us:.1f}')
+                    for q, _k in QUANTILES:
+                        lines.append(f'nv_inference_request_summary_us{{{lbl},quantile="{q}"}} {lat[q] * 1000.0:.1f}')
                     lines.append(f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{pod="{pod}"}} {min(1.0, rho):.4f}')
             self._counters = live  # a pod gone takes its counters with it (a new pod starts at 0)
         return "\n".join(lines) + "\n"

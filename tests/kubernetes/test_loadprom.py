@@ -51,3 +51,50 @@ def test_each_ready_pod_serves_its_capacity_share_and_counters_grow_with_time(pr
     p._cached = None
     gone = _samples(p.exposition())
     assert not any(pod == "m-small" for _n, pod in gone) and ("nv_inference_request_success", "m-big") in gone
+
+
+def _p99(p: LoadPrometheus) -> float:
+    q = next(k for k, n in p.names.items() if n == "p99_ms")
+    rows = p.answer(q)
+    return float(rows[0]["value"][1])
+
+
+def test_the_p99_covers_the_summary_window_as_tritons_does(prom):
+    """An overload ended by a scale-up stays in the p99 until the window has passed,
+    in proportion to the requests it served; at a steady load it is the load's own."""
+    _fake, p = prom
+    load = {"m": 190.0}  # capacity 200: rho 0.95, a long queue
+    p.load = lambda t: dict(load)
+    p._cached = None
+    overloaded = _p99(p)
+    assert overloaded == pytest.approx(3 * (1 + 0.95**2 / 0.05) * p.compute_ms)  # the moment's own
+    for model_hist in p._served.values():  # the overload was served for the last 20 s
+        model_hist[-1] = (model_hist[-1][0] - 20.0, *model_hist[-1][1:])
+    load["m"] = 100.0  # the scale-up's effect: rho 0.5
+    p._cached = None
+    after = _p99(p)
+    steady = 3 * (1 + 0.5**2 / 0.5) * p.compute_ms
+    assert steady < after < overloaded  # both moments' requests, the overload's 20 s weigh most
+    for model_hist in p._served.values():  # the overload leaves the window
+        model_hist[0] = (model_hist[0][0] - 60.0, *model_hist[0][1:])
+    p._cached = None
+    assert _p99(p) == pytest.approx(steady)
+    p._cached = None
+    text = p.exposition()
+    got = {s.labels["quantile"]: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+           if s.labels.get("pod") == "m-big" and "quantile" in s.labels}
+    assert got["0.99"] == pytest.approx(steady * 1000.0, rel=1e-3)  # the exposition's summary: the same window
+    assert got["0.5"] == pytest.approx(steady / 3 * 1000.0, rel=1e-3)
+
+
+def test_the_mixture_quantile_matches_sampled_requests():
+    import numpy as np
+    from loadprom import mixture_quantiles
+
+    rng = np.random.default_rng(7)
+    values, weights = np.array([30.0, 300.0]), np.array([0.97, 0.03])
+    a = -np.log1p(-0.99)
+    draws = np.concatenate([rng.exponential(v / a, int(w * 400_000)) for v, w in zip(values, weights)])
+    got = mixture_quantiles(0.99, np.array([values, [50.0, 0.0]]), np.array([weights, [1.0, 0.0]]))
+    assert got[0] == pytest.approx(np.quantile(draws, 0.99), rel=0.03)
+    assert got[1] == pytest.approx(50.0)  # one distribution (the rest padding): its own quantile

@@ -436,6 +436,22 @@ def test_a_summary_p99_is_judged_against_the_load_of_its_whole_window(window):
     assert learned is (window is None)
 
 
+@pytest.mark.parametrize("later_rps, learns", [(70, False), (96, True)])
+def test_a_fast_summary_p99_shows_a_pessimistic_table_only_if_busy_all_its_window(later_rps, learns):
+    # Capacity steady at 100 req/s. At t=0 the model saturates: 99 req/s served and 400
+    # queued, a saturation guess far above what arrives. Then `later_rps` arrive and the
+    # minute-long p99 is fast (10 ms, a fifth of the SLO). The overload's guess does not
+    # make the minute a busy one: only a load busy throughout (96 of 100) shows the
+    # table pessimistic and lowers the factor.
+    cfg = config(models=(spec("a", hi=2), spec("b")), short_window_s=10, long_window_s=60)
+    h = Harness(cfg, cluster(a=2))
+    h.step(0, {"a": sig("a", 99, 0, pending=400.0, p99_ms=10.0, latency_window_s=60.0),
+               "b": sig("b", 100 / 1.2, 0)})
+    for t in (30, 35, 40):
+        h.step(t, {"a": sig("a", later_rps, t, p99_ms=10.0, latency_window_s=60.0), "b": sig("b", 100 / 1.2, t)})
+    assert (h.state.diagnostics["a"].correction < 1.0) is learns
+
+
 def test_the_long_window_demand_keeps_replicas_the_lagging_floor_would_remove():
     # 40 req/s for 5 minutes, then a rise to 150 (50 req/s per replica). The burst layer
     # adds the third replica; the level then lags the rise by its time constant, and a

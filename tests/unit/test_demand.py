@@ -102,3 +102,27 @@ def test_correction_worked_number_and_bounds():
         k, _ = dm.update_correction(k, 1, 50, 0.95, False)
     assert k == 0.5
     assert math.isfinite(k)
+
+
+def test_span_utilization_highest_counts_guesses_lowest_only_measured_rates():
+    hist = (dm.DemandSample(0.0, 400.0, guess=True), dm.DemandSample(30.0, 70.0), dm.DemandSample(40.0, 80.0))
+    # no span of its own: this window's demand for both
+    assert dm.span_utilization(hist, 80.0, 40.0, None, 1.0, 100.0) == (0.8, 0.8)
+    hi, lo = dm.span_utilization(hist, 80.0, 40.0, 60.0, 1.0, 100.0)
+    assert (hi, lo) == (pytest.approx(4.0), pytest.approx(0.7))  # the guess excuses a miss, never makes "busy"
+    hi, lo = dm.span_utilization(hist, 80.0, 40.0, 60.0, 0.5, 100.0)
+    assert (hi, lo) == (pytest.approx(2.0), pytest.approx(0.35))  # against the corrected table
+    # older than the span: gone from both
+    assert dm.span_utilization(hist, 80.0, 70.0, 60.0, 1.0, 100.0) == (pytest.approx(0.8), pytest.approx(0.7))
+    # only guesses in the span: nothing measured shows it busy
+    assert dm.span_utilization(hist[:1], 400.0, 0.0, 60.0, 1.0, 100.0) == (pytest.approx(4.0), None)
+    assert dm.span_utilization(hist, 80.0, 40.0, 60.0, 1.0, 0.0) == (None, None)
+
+
+def test_a_fast_p99_lowers_the_factor_only_when_the_lowest_utilization_is_busy():
+    assert dm.update_correction(1.0, 10.0, 50.0, 1.5, False, lowest_utilization=0.7) == (1.0, False)
+    f, learned = dm.update_correction(1.0, 10.0, 50.0, 1.5, False, lowest_utilization=0.95)
+    assert learned and f < 1.0
+    assert dm.update_correction(1.0, 10.0, 50.0, 1.5, False, lowest_utilization=None) == (1.0, False)
+    # a miss is still judged by the highest: overloaded somewhere in the span, no lesson
+    assert dm.update_correction(1.0, 80.0, 50.0, 1.5, False, lowest_utilization=0.3) == (1.0, False)
