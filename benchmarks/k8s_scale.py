@@ -196,8 +196,8 @@ def main() -> None:
     ap.add_argument("--steady-ticks", type=int, default=30, help="30 ticks of 2 s: one periodic re-plan (replan_s 60 s) falls in them")
     # The emulated Triton's p99 covers a minute, as a real one's does, and the policy learns
     # from it only once each model's capacity has been steady that long: from nothing, the
-    # fleet settled at tick 127-155 in this benchmark's runs. The cap only bounds a run that
-    # never settles (a settled warm-up ends at once).
+    # fleet settled at ticks 122 and 127 in two runs and was a few ticks short at 150 in a
+    # third. The cap only bounds a run that never settles (a settled warm-up ends at once).
     ap.add_argument("--warmup-ticks", type=int, default=300, help="the warm-up ends here if not settled")
     ap.add_argument("--max-ticks", type=int, default=30, help="the scale-up ends here if not settled")
     ap.add_argument("--seed", type=int, default=7)
