@@ -143,7 +143,7 @@ class LoadPrometheus:
 
     def _evaluate(self) -> tuple[float, dict[str, list[tuple[str, str]]], dict[str, dict[str, float]]]:
         """(time, Ready pods per model, per model: offered, capacity of the Ready pods,
-        utilisation), recomputed at most every ``EVAL_S``: the
+        utilisation and queue/compute ratio), recomputed at most every ``EVAL_S``: the
         queries of one read see one picture, as Prometheus's data changes only per
         scrape (5-15 s) -- and 18 queries need not each walk every pod."""
         with self._lock:
@@ -154,8 +154,9 @@ class LoadPrometheus:
                 out = {}
                 for model, lam in offered.items():
                     cap = sum(self.capacity.get(model, {}).get(prof, 0.0) for _, prof in ready.get(model, []))
-                    out[model] = {"offered": lam, "capacity": cap, "rho": lam / cap if cap else float("inf")}
-                    self._record(model, now, min(lam, cap), out[model]["rho"])
+                    rho = lam / cap if cap else float("inf")
+                    out[model] = {"offered": lam, "capacity": cap, "rho": rho, "ratio": self._ratio(rho)}
+                    self._record(model, now, min(lam, cap), out[model]["ratio"])
                 self._cached = (now, ready, out)
                 self._quantiles = {}
             return self._cached
@@ -164,12 +165,12 @@ class LoadPrometheus:
     def _ratio(rho: float) -> float:
         return min(20.0, rho * rho / (1 - rho)) if rho < 1 else 20.0
 
-    def _record(self, model: str, now: float, served: float, rho: float) -> None:
+    def _record(self, model: str, now: float, served: float, ratio: float) -> None:
         hist = self._served.setdefault(model, deque())
         if served <= 0:
             hist.clear()
             return
-        hist.append((now, served, self._ratio(rho)))
+        hist.append((now, served, ratio))
         while hist and hist[0][0] < now - SUMMARY_WINDOW_S:
             hist.popleft()
 
@@ -204,9 +205,8 @@ class LoadPrometheus:
         now, ready, state = self._evaluate()
         rows = []
         for model, st in state.items():
-            lam, cap, rho = st["offered"], st["capacity"], st["rho"]
+            lam, cap, rho, ratio = st["offered"], st["capacity"], st["rho"], st["ratio"]
             served = min(lam, cap)
-            ratio = self._ratio(rho)
             vals = {
                 "request_rate": lam, "success_rate": served, "failure_rate": lam - served,
                 # no Triton at all: requests fail at the door, nothing queues
@@ -247,9 +247,8 @@ class LoadPrometheus:
                 st = state.get(model)
                 if st is None or not st["capacity"]:
                     continue
-                lam, cap, rho = st["offered"], st["capacity"], st["rho"]
+                lam, cap, rho, ratio = st["offered"], st["capacity"], st["rho"], st["ratio"]
                 served = min(lam, cap)
-                ratio = self._ratio(rho)
                 us = self.compute_ms * 1000.0
                 lat = self.latency_ms(model, ratio)
                 for pod, prof in pods:
