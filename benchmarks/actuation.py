@@ -15,10 +15,12 @@ runs, on the same trace families, fleet and seeds:
 in four simulated worlds, each removing one more delay the bound does not pay:
 
 - ``benchmark``: the world of ``generalization.py`` (metrics 15 s late over a
-  30 s window, a 30 s replica start, a 180 s MIG repartition);
+  30 s window, latency quantiles over Triton's minute, a 30 s replica start, a
+  180 s MIG repartition);
 - ``no-repartition``: repartitions take no time;
 - ``no-start``: nor do replica starts;
-- ``exact-metrics``: nor does measurement (no scrape delay, a 5 s window):
+- ``exact-metrics``: nor does measurement (no scrape delay, a 5 s window for the
+  rates and the latency quantiles alike):
   the rules then react faster than the bound's 45 s lag;
 - ``fast-decisions``: that world, with both policies deciding every 5 s step
   instead of every 15 s and with no bound on moves a tick (a policy setting,
@@ -89,7 +91,7 @@ WORLDS: dict[str, dict[str, Any]] = {
     "no-repartition": {"repartition_delay_s": 0.0},
     "no-start": {"repartition_delay_s": 0.0, "start_delay_s": 0.0},
     "exact-metrics": {"repartition_delay_s": 0.0, "start_delay_s": 0.0, "scrape_delay_s": 0.0,
-                      "metrics_window_s": gen.STEP_S},
+                      "metrics_window_s": gen.STEP_S, "latency_window_s": None},
 }
 WORLDS["fast-decisions"] = dict(WORLDS["exact-metrics"])
 # Not a delay removed but a serving-team setting added to the benchmark's world: every

@@ -97,9 +97,9 @@ def observe_model(obs, state: PolicyState, cfg: PolicyConfig, spec: ModelSpec, n
         # twice what one replica of the best profile serves, not "any traffic".
         panic_cap = cap if cap > 0 else (best_replica_capacity(spec) or 0.0)
         panic = dm.update_panic(panic, short, panic_cap, cfg.panic_threshold, cfg.stable_window_s, now_s)
-        # against the corrected table, over the span the p99 covers
-        util, busy = dm.span_utilization(hist, observed, now_s, lat_w, corr, cap)
         if dm.capacity_settled(spec.name, own, panic, now_s, max(cfg.short_window_s, lat_w or 0.0)):
+            # against the corrected table, over the span the p99 covers
+            util, busy = dm.span_utilization(hist, observed, now_s, lat_w, corr, cap)
             corr, _ = dm.update_correction(
                 corr, sig.p99_ms, cfg.slo_p99_ms.get(name), util, sig.latency_is_average, cfg.correction,
                 lowest_utilization=busy,

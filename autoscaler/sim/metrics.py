@@ -5,7 +5,9 @@ averages over ``[now - scrape_delay_s - metrics_window_s, now - scrape_delay_s]`
 from the per-step history ``SimCluster.advance`` records: what a Prometheus
 ``rate(...[30s])`` evaluated on 15 s-old samples would say. Each model's
 signals also carry ``fast``: the last step as a 1-2 s direct scrape of the
-replicas sees it (``SimConfig.fast_window_s``; None turns it off).
+replicas sees it (``SimConfig.fast_window_s``; None turns it off). The latency
+quantiles cover ``latency_window_s`` (Triton's summaries: about a minute) ending at
+the same scrape, and are the quantiles of every request served in it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import numpy as np
 
 from autoscaler.policy.types import FastSignals, ModelSignals, ReplicaSignals
 from autoscaler.sim import queueing as q
+
+LATENCY_LEVELS = np.array([0.5, 0.95, 0.99])  # the quantiles Triton's summaries report
 
 
 class SimMetrics:
@@ -80,6 +84,27 @@ class SimMetrics:
             ))
         return out
 
+    def _latency(self, now_s: float) -> np.ndarray | None:
+        """Per model (rows) the p50, p95 and p99 in ms (columns; nan: nothing served) of
+        every request served over the latency window, as Triton's summaries report them
+        at the scrape: each step's requests are exponential with the step's p99, weighted
+        by what it served (``queueing.mixture_quantiles``)."""
+        cfg = self.config
+        w = self._window(now_s, None, cfg.latency_window_s or cfg.metrics_window_s)
+        if w is None:
+            return None
+        k0, k1, _ = w
+        c = self._cum
+        per_step = {key: np.diff(np.asarray(c[key][k0:k1 + 1]), axis=0).T for key in ("arr", "fail", "lost", "p99w")}
+        reached = per_step["arr"] - per_step["lost"]  # the arrivals a replica took (p99w's weights)
+        weights = np.maximum(per_step["arr"] - per_step["fail"], 0.0)
+        weights = np.where((reached > 0) & (per_step["p99w"] > 0), weights, 0.0)
+        p99 = np.where(weights > 0, per_step["p99w"] / np.where(reached > 0, reached, 1.0), 1.0)
+        n = len(self.models)
+        levels = np.repeat(LATENCY_LEVELS, n)
+        got = q.mixture_quantiles(levels, np.tile(p99, (3, 1)), np.tile(weights, (3, 1)), of=0.99)
+        return got.reshape(3, n).T * 1000.0
+
     def _scraped(self, k0: int, k1: int) -> np.ndarray:
         """Per model: had it a READY replica (a series to scrape) in any step of [k0, k1)?"""
         return np.asarray(self.ready_count[k0:k1]).max(axis=0) > 0
@@ -95,6 +120,7 @@ class SimMetrics:
         k0, k1, t_end = w
         span = (k1 - k0) * self.config.step_s
         fast = self._fast(now_s)
+        lat = self._latency(now_s)
         c = self._cum
         d = {key: c[key][k1] - c[key][k0] for key in c}
         seen = self._scraped(k0, k1)
@@ -104,15 +130,14 @@ class SimMetrics:
                 out_m[m] = None  # no series: missing data, not a measured 0
                 continue
             served = d["arr"][i] - d["fail"][i]
-            avg_q = avg_c = ratio = p99 = p50 = p95 = None
+            avg_q = avg_c = ratio = None
             if served > 0:
                 avg_q = d["wait"][i] / served * 1000.0
                 avg_c = d["comp"][i] / served * 1000.0
                 ratio = avg_q / avg_c if avg_c > 0 else None
-                p99 = d["p99w"][i] / served * 1000.0
-                # exponential sojourn: quantiles scale with -ln(1-q)
-                p50 = p99 * math.log(2) / q.LN100
-                p95 = p99 * math.log(20) / q.LN100
+            p50 = p95 = p99 = None
+            if lat is not None and not math.isnan(lat[i, 2]):
+                p50, p95, p99 = (float(v) for v in lat[i])
             out_m[m] = ModelSignals(
                 model=m,
                 t_s=t_end,
@@ -127,6 +152,7 @@ class SimMetrics:
                 p50_ms=p50,
                 p95_ms=p95,
                 p99_ms=p99,
+                latency_window_s=self.config.latency_window_s if p99 is not None else None,
                 pending=float(self.pending[k1 - 1][i]),
                 ready_replicas=int(self.ready_count[k1 - 1][i]),
                 fast=fast[i] if fast is not None else None,

@@ -251,6 +251,46 @@ def quantile_s(x: np.ndarray, mu: np.ndarray, q: float, shape: np.ndarray | None
     return gammaincinv(shape, q) * sojourn_scale(x, mu, shape)
 
 
+NEWTON_STEPS = 12  # mixes spanning six decades: 1e-13 relative at 12 steps, 1% at 8 (test_sim.py)
+
+
+def mixture_quantiles(q: float | np.ndarray, values: np.ndarray, weights: np.ndarray,
+                      of: float | None = None) -> np.ndarray:
+    """Per row, the ``q`` quantile of a mixture of exponential distributions: the j-th
+    has its ``of`` quantile (default: ``q``) at ``values[i, j]`` and weight
+    ``weights[i, j]`` (0: padding). ``q`` is one level or one per row. What a summary
+    over a window reports when each moment of it served its own exponential sojourns:
+    one slow moment holds the tail of the whole window (worked number: 11 parts at a
+    20 ms p99 and 1 part at 500 ms give a p99 of 230 ms, not their mean's 60 ms).
+
+    Every row at once. The log of the mixture's tail is convex and falls with x, so
+    Newton's method from the smallest component quantile (where the tail is still at
+    least ``1 - q``) climbs to the root without passing it, in a few steps; a row with
+    no weight is nan."""
+    rows = values.shape[0]
+    out = np.full(rows, np.nan)
+    live = (weights > 0).any(axis=1)
+    if not live.any():
+        return out
+    qs = np.broadcast_to(np.asarray(q, dtype=float), (rows,))[live]
+    values, weights = values[live], weights[live]
+    used = weights > 0
+    level = -np.log1p(-qs) if of is None else np.full(len(qs), -math.log1p(-of))
+    rate = level[:, None] / np.where(used, values, 1.0)  # each component's: its ``of`` quantile at ``values``
+    x = np.where(used, values, np.inf).min(axis=1) * (-np.log1p(-qs) / level)
+    logw = np.log(np.where(used, weights, 1.0))
+    target = np.log1p(-qs) + np.log(weights.sum(axis=1))
+    for _ in range(NEWTON_STEPS):
+        e = np.where(used, logw - rate * x[:, None], -np.inf)
+        top = e.max(axis=1, keepdims=True)
+        p = np.exp(e - top)
+        tail = p.sum(axis=1)
+        slope = (p * rate).sum(axis=1) / tail  # minus the derivative of the tail's log
+        x = x + np.maximum(np.log(tail) + top[:, 0] - target, 0.0) / slope
+    out[live] = x
+    return out
+
+
 def busy(x: np.ndarray) -> np.ndarray:
     """Busy fraction (utilisation): rho = x/(1+x), -> 1 in overload."""
     return x / (1.0 + x)

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from autoscaler.mig import Placement
+from autoscaler.observe.queries import SUMMARY_WINDOW_S
 from autoscaler.policy.types import ReplicaState
 from autoscaler.sim.queueing import ServiceCurve
 
@@ -22,6 +23,10 @@ class SimConfig:
     repartition_delay_s: float = 180.0
     scrape_delay_s: float = 15.0
     metrics_window_s: float = 30.0
+    # The span of the latency quantiles the loop reads: Triton's summaries keep about a
+    # minute of requests, longer than any rate window, ending at the same scrape. None:
+    # the quantiles cover the metrics window, as a histogram_quantile over its rate would.
+    latency_window_s: float | None = SUMMARY_WINDOW_S
     # The burst layer's direct scrape of the replicas (every 1-2 s on a real
     # backend): the last ``fast_window_s`` of history, ``fast_delay_s`` late.
     # One 5 s step is the simulator's resolution, so the freshest fast sample
@@ -56,8 +61,10 @@ class SimConfig:
     max_batch: int = 1
 
     def __post_init__(self) -> None:
-        if self.fast_window_s is not None and not (math.isfinite(self.fast_window_s) and self.fast_window_s > 0):
-            raise ValueError(f"fast_window_s: must be > 0 or None, got {self.fast_window_s!r}")
+        for name in ("fast_window_s", "latency_window_s"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name}: must be > 0 or None, got {v!r}")
         for name in ("step_s", "metrics_window_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):

@@ -46,24 +46,9 @@ import numpy as np
 from fakeapi import FakeKube
 
 from autoscaler.observe.queries import SUMMARY_WINDOW_S, Queries
+from autoscaler.sim.queueing import mixture_quantiles
 
 QUANTILES = ((0.5, 1.0), (0.95, 2.0), (0.99, 3.0))  # (quantile, multiple of queue + compute)
-
-
-def mixture_quantiles(q: float, values: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """Per row, the ``q`` quantile of a mixture of exponential distributions, the j-th
-    scaled so that its own ``q`` quantile is ``values[i, j]`` and weighted by
-    ``weights[i, j]`` (0: padding). Every row at once: one bisection over the lot."""
-    used = weights > 0
-    lo = np.where(used, values, np.inf).min(axis=1)
-    hi = np.where(used, values, 0.0).max(axis=1)
-    a, tail = -np.log1p(-q), (1.0 - q) * weights.sum(axis=1)
-    safe = np.where(used, values, 1.0)
-    for _ in range(40):  # each row's tail falls with L; between its extremes it crosses 1 - q
-        mid = 0.5 * (lo + hi)
-        above = (weights * np.exp(-a * mid[:, None] / safe)).sum(axis=1) > tail
-        lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
-    return 0.5 * (lo + hi)
 
 
 class LoadPrometheus:

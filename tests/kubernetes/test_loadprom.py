@@ -85,16 +85,3 @@ def test_the_p99_covers_the_summary_window_as_tritons_does(prom):
            if s.labels.get("pod") == "m-big" and "quantile" in s.labels}
     assert got["0.99"] == pytest.approx(steady * 1000.0, rel=1e-3)  # the exposition's summary: the same window
     assert got["0.5"] == pytest.approx(steady / 3 * 1000.0, rel=1e-3)
-
-
-def test_the_mixture_quantile_matches_sampled_requests():
-    import numpy as np
-    from loadprom import mixture_quantiles
-
-    rng = np.random.default_rng(7)
-    values, weights = np.array([30.0, 300.0]), np.array([0.97, 0.03])
-    a = -np.log1p(-0.99)
-    draws = np.concatenate([rng.exponential(v / a, int(w * 400_000)) for v, w in zip(values, weights)])
-    got = mixture_quantiles(0.99, np.array([values, [50.0, 0.0]]), np.array([weights, [1.0, 0.0]]))
-    assert got[0] == pytest.approx(np.quantile(draws, 0.99), rel=0.03)
-    assert got[1] == pytest.approx(50.0)  # one distribution (the rest padding): its own quantile

@@ -393,6 +393,65 @@ def test_metrics_report_what_was_true_scrape_delay_ago():
     assert models["m"].queue_compute_ratio == pytest.approx(rho / (1 - rho), rel=0.03)
 
 
+def test_the_mixture_quantile_matches_sampled_requests():
+    rng = np.random.default_rng(7)
+    values, weights = np.array([30.0, 300.0]), np.array([0.97, 0.03])
+    a = -np.log1p(-0.99)
+    draws = np.concatenate([rng.exponential(v / a, int(w * 400_000)) for v, w in zip(values, weights)])
+    got = q.mixture_quantiles(0.99, np.array([values, [50.0, 0.0], [1.0, 2.0]]),
+                              np.array([weights, [1.0, 0.0], [0.0, 0.0]]))
+    assert got[0] == pytest.approx(np.quantile(draws, 0.99), rel=0.03)
+    assert got[1] == pytest.approx(50.0)  # one distribution (the rest padding): its own quantile
+    assert math.isnan(got[2])  # nothing served: no quantile, not 0
+    # components given by their p99, asked for other levels (one per row)
+    lv = q.mixture_quantiles(np.array([0.5, 0.95]), np.array([values, values]), np.array([weights, weights]), of=0.99)
+    for level, got_l in zip((0.5, 0.95), lv):
+        assert got_l == pytest.approx(np.quantile(draws, level), rel=0.03)
+
+
+def test_the_mixture_quantile_holds_on_mixes_spanning_six_decades():
+    """Newton's steps against a plain bisection of the same tail, on random mixes whose
+    components' p99s span 0.1 ms to 100 s and whose weights span e^15."""
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        n = int(rng.integers(1, 20))
+        values = np.exp(rng.uniform(math.log(0.1), math.log(1e5), n))
+        weights = np.exp(rng.uniform(-10, 5, n))
+        level = float(rng.choice([0.5, 0.95, 0.99]))
+        rate = q.LN100 / values
+        lo, hi = 0.0, 2.0 * values.max()
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if (weights * np.exp(-rate * mid)).sum() > (1 - level) * weights.sum() else (lo, mid)
+        got = q.mixture_quantiles(np.array([level]), values[None], weights[None], of=0.99)[0]
+        assert got == pytest.approx(0.5 * (lo + hi), rel=1e-9)
+
+
+@pytest.mark.parametrize("window", [60.0, None])
+def test_the_latency_quantiles_cover_tritons_summary_minute(window):
+    """Triton's summaries keep about a minute: a 10 s overload stays in the p99 after the
+    30 s rate window has forgotten it, and leaves it when the minute has passed."""
+    c, clock = _cluster(start_delay_s=0, scrape_delay_s=0, metrics_window_s=30, latency_window_s=window)
+    c.apply([_create(rid="a")])
+    mu = q.service_rate(300.0, 50.0)
+    steady_ms = q.LN100 / (mu - 100.0) * 1000.0
+    for rate, steps in ((100.0, 12), (380.0, 2), (100.0, 7)):
+        for _ in range(steps):
+            c.advance(np.array([rate]))
+    got = c.read(["m"], ["a"], clock.now())[0]["m"]
+    assert got.request_rate == pytest.approx(100.0, rel=0.02)  # the rates have forgotten it
+    assert got.p50_ms < got.p95_ms < got.p99_ms
+    if window is None:  # a histogram over the rate window: the steady minute's own
+        assert got.latency_window_s is None
+        assert got.p99_ms == pytest.approx(steady_ms, rel=0.05)
+        return
+    assert got.latency_window_s == window
+    assert got.p99_ms > 3 * steady_ms  # the overload's requests hold the minute's tail
+    for _ in range(12):
+        c.advance(np.array([100.0]))
+    assert c.read(["m"], ["a"], clock.now())[0]["m"].p99_ms == pytest.approx(steady_ms, rel=0.05)
+
+
 def test_a_batching_replica_reports_its_batch_compute_per_request_as_triton_does():
     """Triton reports for each request the compute time of the whole batch it ran in, so
     with the dynamic batcher the queue:compute ratio falls by the mean batch; latency and
