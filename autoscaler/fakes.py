@@ -204,6 +204,8 @@ class RecordingActuator:
                 targets = [r.id for r in self.inventory.cluster.replicas
                            if (r.gpu, r.start) == (a.gpu, a.start) and a.model in (None, r.model)]
             for rid in targets:
+                if self.queue.superseded(rid):
+                    continue  # a later plan removed it: nothing left to wait for
                 r = self._replica(rid)
                 if r is None:
                     return f"{describe(a)}: replica {rid} does not exist"

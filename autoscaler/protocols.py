@@ -59,7 +59,15 @@ WAIT_READY (replica, or gpu/model/start filters)
     being replaced never runs before its replacement serves (never break
     before make), as a Deployment's rolling update only scales the old
     ReplicaSet down once new pods are available (``docs/kubernetes-api.md``).
-    A WAIT_READY on a replica that is already READY is done at once.
+    A WAIT_READY on a replica that is already READY is done at once, and so
+    is one on a replica that a later DRAIN or DELETE of this backend removed
+    (**superseded**): a newer plan decided that replica goes, so its chain
+    has nothing left to wait for and nothing failed. The Deployment
+    controller does the same after a newer scale: it waits for no more pods
+    than the workload now has. What the chain still holds goes on, as on a
+    Kubernetes backend; the loop never supersedes a wait with make-before-break
+    work behind it, because that work keeps the replica's model or GPU in
+    flight and the gate holds every action on them (``in_flight()`` below).
 DRAIN (replica)
     Stop routing new requests to the replica and let it finish what it holds.
     It is listed DRAINING until it goes; a backend may retire it once it is
@@ -279,12 +287,17 @@ class ActionQueue:
     """
 
     MAX_ERRORS = 200  # unread late errors kept; older ones are dropped (counted in ``dropped``)
+    # Replicas this queue removed, remembered for superseded WAIT_READYs; capped
+    # like every list. A wait on a removal already forgotten is reported as a
+    # replica that disappeared: an error line, never a wait passed wrongly.
+    MAX_REMOVED = 4096
 
     def __init__(self) -> None:
         self.chains: list[Chain] = []
         self._late: list[str] = []
         self.dropped = 0
         self.last_late: list[str] = []  # late errors of the last ``run`` (the simulator keeps them all)
+        self._removed: dict[str, None] = {}  # insertion-ordered: the oldest go first
 
     def __bool__(self) -> bool:
         return bool(self.chains)
@@ -319,6 +332,8 @@ class ActionQueue:
                     break
                 chain.actions.pop(0)
                 chain.head_since = None
+                if res is None and a.replica is not None:
+                    self._done(a)
                 if res is not None:
                     out.append(res)
                     out.extend(f"{describe(x)}: skipped, {describe(a)} failed" for x in chain.actions)
@@ -328,6 +343,22 @@ class ActionQueue:
         self._keep(late)
         self.last_late = late
         return errors
+
+    def superseded(self, rid: str) -> bool:
+        """A DRAIN or DELETE of this queue removed ``rid`` (and no CREATE made it again):
+        a WAIT_READY on it is done (the contract's WAIT_READY)."""
+        return rid in self._removed
+
+    def _done(self, a: Action) -> None:
+        rid = a.replica
+        assert rid is not None
+        if a.kind in (ActionKind.DRAIN, ActionKind.DELETE):
+            self._removed.pop(rid, None)
+            self._removed[rid] = None
+            if len(self._removed) > self.MAX_REMOVED:
+                del self._removed[next(iter(self._removed))]
+        elif a.kind is ActionKind.CREATE:
+            self._removed.pop(rid, None)  # the id names a new replica now
 
     def _keep(self, late: list[str]) -> None:
         self._late.extend(late)

@@ -186,6 +186,8 @@ class SimActions:
 
     def _wait_ready(self, a: Action, chain: Chain, now: float) -> str | None:
         if a.replica is not None:
+            if self.queue.superseded(a.replica):
+                return None  # a later plan removed it: nothing left to wait for
             r = self._reps.get(a.replica)
             if r is None:
                 return f"{describe(a)}: replica does not exist"

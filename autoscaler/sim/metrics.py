@@ -97,8 +97,8 @@ class SimMetrics:
         c = self._cum
         per_step = {key: np.diff(np.asarray(c[key][k0:k1 + 1]), axis=0).T for key in ("arr", "fail", "lost", "p99w")}
         reached = per_step["arr"] - per_step["lost"]  # the arrivals a replica took (p99w's weights)
-        weights = np.maximum(per_step["arr"] - per_step["fail"], 0.0)
-        weights = np.where((reached > 0) & (per_step["p99w"] > 0), weights, 0.0)
+        weights = np.where((reached > 0) & (per_step["p99w"] > 0),
+                           np.maximum(per_step["arr"] - per_step["fail"], 0.0), 0.0)
         p99 = np.where(weights > 0, per_step["p99w"] / np.where(reached > 0, reached, 1.0), 1.0)
         n = len(self.models)
         levels = np.repeat(LATENCY_LEVELS, n)

@@ -275,9 +275,10 @@ def mixture_quantiles(q: float | np.ndarray, values: np.ndarray, weights: np.nda
     qs = np.broadcast_to(np.asarray(q, dtype=float), (rows,))[live]
     values, weights = values[live], weights[live]
     used = weights > 0
-    level = -np.log1p(-qs) if of is None else np.full(len(qs), -math.log1p(-of))
+    own = -np.log1p(-qs)
+    level = own if of is None else np.full(len(qs), -math.log1p(-of))
     rate = level[:, None] / np.where(used, values, 1.0)  # each component's: its ``of`` quantile at ``values``
-    x = np.where(used, values, np.inf).min(axis=1) * (-np.log1p(-qs) / level)
+    x = np.where(used, values, np.inf).min(axis=1) * (own / level)
     logw = np.log(np.where(used, weights, 1.0))
     target = np.log1p(-qs) + np.log(weights.sum(axis=1))
     for _ in range(NEWTON_STEPS):

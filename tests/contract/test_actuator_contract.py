@@ -143,6 +143,22 @@ def test_a_failed_start_drops_the_rest_of_the_chain_and_reports_it(make):
     assert h.act.in_flight()[1] == frozenset()  # nothing of m is queued any more
 
 
+def test_a_wait_on_a_replica_a_later_plan_removed_is_done(make):
+    # The first batch's chain waits for m-1, then m-0, then removes n-0; before it
+    # gets there a later batch removes m-0. Its WAIT_READY is superseded, not
+    # failed: no error, and the rest of its chain goes on.
+    h = make(gpus(), [ready("n-0", "n", P3, "g0", 4)])
+    first = [create("m-0", "m", P1, "g0", 0), create("m-1", "m", P1, "g0", 1),
+             wait("m-1", "m", "g0", 1), wait("m-0", "m", "g0", 0),
+             drain("n-0", "n", "g0"), delete("n-0", "n", "g0")]
+    assert h.apply(first) == []
+    assert h.apply([drain("m-0", "m", "g0"), delete("m-0", "m", "g0")]) == []
+    h.settle()
+    h.late_errors()
+    assert h.errors_seen == []
+    assert [(r.id, r.state) for r in h.snapshot().replicas] == [("m-1", ReplicaState.READY)]
+
+
 def test_a_replica_only_starting_is_not_in_flight(make):
     h = make(gpus())
     h.apply([create("m-0", "m", P1, "g0", 1), wait("m-0", "m", "g0", 1)])

@@ -24,7 +24,8 @@ from autoscaler.fakes import (
 )
 from autoscaler.loop import ControlLoop
 from autoscaler.policy.state import PolicyConfig
-from autoscaler.policy.types import ModelSpec
+from autoscaler.policy.types import Action, ActionKind, ModelSpec, Reason
+from autoscaler.protocols import ActionQueue
 
 REPO = Path(__file__).resolve().parents[2] / "triton_models"
 
@@ -52,14 +53,23 @@ def test_the_event_log_keeps_the_last_200_and_hands_out_only_new_ones(tmp_path):
     assert c.events_since(seen) == ([], 1001)
 
 
-def test_deleted_replica_ids_are_forgotten_past_the_cap(tmp_path):
-    c = _cluster(tmp_path)
-    for i in range(2500):
-        c._gone.add(f"m-{i}")
-    assert len(c._gone) == 1000
-    assert "m-1499" not in c._gone and "m-1500" in c._gone and "m-2499" in c._gone
-    c._gone.discard("m-2499")
-    assert "m-2499" not in c._gone
+def test_the_queue_remembers_removed_replicas_up_to_its_cap_and_forgets_one_made_again():
+    q = ActionQueue()
+    n = q.MAX_REMOVED + 10
+
+    def step(a, chain, now):
+        return None
+
+    q.submit([Action(ActionKind.DELETE, Reason.SCALE_DOWN_DEMAND, replica=f"r-{i}") for i in range(n)],
+             lambda rid: None)
+    q.run(step, 0.0)
+    assert not q.superseded("r-0") and not q.superseded("r-9")  # the oldest went past the cap
+    assert q.superseded("r-10") and q.superseded(f"r-{n - 1}")
+    assert len(q._removed) == q.MAX_REMOVED
+    q.submit([Action(ActionKind.CREATE, Reason.SCALE_UP_DEMAND, gpu="g", model="m", profile="1g.10gb",
+                     start=0, replica="r-10")], lambda rid: None)
+    q.run(step, 0.0)
+    assert not q.superseded("r-10")  # the id names a new replica: a wait on it waits again
 
 
 def test_supervisor_keeps_the_last_20_errors(tmp_path):

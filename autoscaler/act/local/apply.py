@@ -100,7 +100,6 @@ class ApplyMixin:
     _apply_lock: threading.RLock
     _drains: dict[str, threading.Thread]
     _deleting: set[str]
-    _gone: Any  # a bounded set of ids (cluster.py)
     _pending: dict[str, dict[int, str]]
     _member_of: dict[str, str]
     _loads: dict[str, ReplicaLoad]
@@ -288,7 +287,6 @@ class ApplyMixin:
                 raise ValueError(f"instance {pl} on {gpu.id} already hosts replica {occupants[0].id}")
             self._seq += 1
             rid = a.replica or f"{a.model}-{gpu.id.replace('/', '-')}-s{a.start}-{self._seq}"
-            self._gone.discard(rid)
             uuid = self.mig_uuids.get((gpu.id, a.start)) if not gpu.emulated else None
             env = replica_env(gpu.product, a.profile, gpu.id, a.start, a.model, uuid, self.emulate)
             proc = self.launcher.replica(rt, rid, self.run_dir, env, self.tritonserver)
@@ -314,10 +312,11 @@ class ApplyMixin:
 
     # -- WAIT_READY
     def _wait_ready(self, a: Action, chain: Chain, now: float) -> str | None:
-        if a.replica:
-            ids = [self._member_of.get(a.replica, a.replica)]
-        elif chain.created:
-            ids = [self._member_of.get(x, x) for x in chain.created]
+        named = [a.replica] if a.replica else chain.created
+        # a later plan removed it: nothing left to wait for
+        named = [x for x in named if not self.queue.superseded(x)]
+        if a.replica or chain.created:
+            ids = [self._member_of.get(x, x) for x in named]
         else:
             ids = [r.id for r in self.replicas()
                    if r.state is not ReplicaState.DRAINING
@@ -325,6 +324,8 @@ class ApplyMixin:
                    and (a.gpu is None or a.gpu in r.gpus)
                    and (a.start is None or r.start == a.start)]
         for rid in dict.fromkeys(ids):
+            if self.queue.superseded(rid):
+                continue
             r = self.replica(rid)
             if r is None:
                 return f"wait_ready {rid}: replica does not exist"
@@ -376,9 +377,7 @@ class ApplyMixin:
             with self._lock:
                 if self._replicas.get(r.id) is r:
                     del self._replicas[r.id]
-                    self._gone.add(r.id)
                     for mid, _ in r.members:
-                        self._gone.add(mid)
                         self._member_of.pop(mid, None)
                 self._drains.pop(r.id, None)
                 self._deleting.discard(r.id)

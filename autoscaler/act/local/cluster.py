@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -100,7 +100,6 @@ class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
         self._drains: dict[str, threading.Thread] = {}
         self._deleting: set[str] = set()  # replicas a DELETE asked to go (their drain removes them)
         # Replicas our drains removed. Bounded: written on every delete, 1,000 ids is hours of churn.
-        self._gone: _BoundedSet = _BoundedSet(1000)
         self.queue = ActionQueue()  # action chains waiting for the world (apply.py)
         self._apply_lock = threading.RLock()  # one chain runner at a time: the loop's apply, the supervisor
         self._seq = 0
@@ -308,26 +307,3 @@ class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
             infrastructure={k: v.to_json(now) for k, v in self.infra.items()},
             crashloop_held=tuple(self.crashloop_held()),
         )
-
-
-class _BoundedSet:
-    """A set that forgets its oldest members past ``limit`` (insertion order)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._d: OrderedDict[str, None] = OrderedDict()
-
-    def add(self, key: str) -> None:
-        self._d[key] = None
-        self._d.move_to_end(key)
-        while len(self._d) > self.limit:
-            self._d.popitem(last=False)
-
-    def discard(self, key: str) -> None:
-        self._d.pop(key, None)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._d
-
-    def __len__(self) -> int:
-        return len(self._d)

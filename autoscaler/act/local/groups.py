@@ -41,7 +41,6 @@ class GroupsMixin:
     _stopping: bool
     _gpus: dict[str, GpuState]
     _replicas: dict[str, LocalReplica]
-    _gone: object  # a bounded set (cluster.py)
     _pending: dict[str, dict[int, str]]
     _member_of: dict[str, str]
 
@@ -118,10 +117,8 @@ class GroupsMixin:
             )
             self._record(r)
             self._replicas[gid] = r
-            self._gone.discard(gid)
             for mid, _ in members:
                 self._member_of[mid] = gid
-                self._gone.discard(mid)
             where = ", ".join(
                 f"rank {k} {g} pid {p}" for k, ((_, g), p) in enumerate(zip(members, group.pids()))
             )
