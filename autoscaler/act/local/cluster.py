@@ -99,7 +99,6 @@ class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
         self._router_lock = threading.Lock()
         self._drains: dict[str, threading.Thread] = {}
         self._deleting: set[str] = set()  # replicas a DELETE asked to go (their drain removes them)
-        # Replicas our drains removed. Bounded: written on every delete, 1,000 ids is hours of churn.
         self.queue = ActionQueue()  # action chains waiting for the world (apply.py)
         self._apply_lock = threading.RLock()  # one chain runner at a time: the loop's apply, the supervisor
         self._seq = 0
