@@ -31,6 +31,12 @@ What this does:
   does not need it. At most one per call, and the driver calls it at least
   once between two ticks, so garbage cannot pile up for longer than a tick
   period;
+- CPython runs one collection at a time. While another thread's collection is
+  in progress (it runs finalizers and callbacks, which may release the GIL),
+  ``gc.collect`` returns at once without collecting. ``idle`` checks the
+  oldest generation's collection counter (``gc.get_stats``): a refused
+  collection is counted as ``busy``, not as a collection, and stays due for
+  the next slice;
 - every ``thaw_every`` full collections it thaws (``gc.unfreeze``) so the
   collection walks everything, frees any cycle left among the frozen objects,
   and freezes what survives again. Memory is bounded by that period.
@@ -45,7 +51,9 @@ covers the whole heap; under those versions ``install`` changes nothing and
 in their own process keeps the interpreter's settings.
 
 References: the ``gc`` module's documentation (``gc.freeze``, ``gc.get_count``,
-``gc.set_threshold``), https://docs.python.org/3/library/gc.html; What's New in
+``gc.get_stats``, ``gc.set_threshold``), https://docs.python.org/3/library/gc.html;
+CPython's ``gc_collect_impl`` ("already collecting, don't do anything"),
+https://github.com/python/cpython/blob/3.11/Modules/gcmodule.c; What's New in
 Python 3.15, "gc" (the incremental collector of 3.14.0-3.14.4 reverted),
 https://docs.python.org/3.15/whatsnew/3.15.html.
 """
@@ -68,6 +76,7 @@ INCREMENTAL = (3, 14, 0) <= sys.version_info[:3] < (3, 14, 5)
 class GcStats:
     collections: int = 0  # full collections run between ticks
     thaws: int = 0  # of them, those that walked the frozen objects too
+    busy: int = 0  # due ones refused: another thread's collection was in progress
     last_pause_s: float | None = None
     max_pause_s: float = 0.0
     total_pause_s: float = 0.0
@@ -124,6 +133,7 @@ class IdleCollector:
         if not self.due():
             return False
         thaw = (self.stats.collections + 1) % self.thaw_every == 0
+        before = _full_collections()
         start = time.perf_counter()
         if thaw:
             gc.unfreeze()
@@ -131,11 +141,20 @@ class IdleCollector:
         if thaw:
             gc.freeze()
             self.stats.frozen = gc.get_freeze_count()
-            self.stats.thaws += 1
         pause = time.perf_counter() - start
         s = self.stats
+        if _full_collections() == before:
+            s.busy += 1
+            return False
+        if thaw:
+            s.thaws += 1
         s.collections += 1
         s.last_pause_s = pause
         s.max_pause_s = max(s.max_pause_s, pause)
         s.total_pause_s += pause
         return True
+
+
+def _full_collections() -> int:
+    """How many times the interpreter has collected its oldest generation."""
+    return int(gc.get_stats()[2]["collections"])

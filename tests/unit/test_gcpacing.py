@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
 from collections.abc import Iterator
 
@@ -70,6 +71,48 @@ def test_installed_the_interpreter_never_starts_one_and_idle_runs_it(full_collec
     assert full_collections == ["start"]
     assert collector.stats.collections == 1 and collector.stats.last_pause_s is not None
     assert not collector.due() and collector.idle() is False  # the count starts again
+    del kept
+
+
+class Finalizer:  # a cycle whose finalizer waits (GIL released) while its collection is in progress
+    def __init__(self, entered: threading.Event, release: threading.Event) -> None:
+        self.me = self
+        self.entered, self.release = entered, release
+
+    def __del__(self) -> None:
+        self.entered.set()
+        self.release.wait(30)
+
+
+def test_a_collection_refused_while_another_thread_collects_is_not_counted_and_stays_due(
+    full_collections, collector
+):
+    collector.install()
+    kept = grow_the_heap()
+    assert collector.due()
+    entered, release = threading.Event(), threading.Event()
+
+    def other_thread() -> None:  # a young collection that runs a finalizer, as a client library's would
+        Finalizer(entered, release)
+        gc.collect(0)
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    try:
+        assert entered.wait(30)
+        full_collections.clear()
+        assert collector.idle() is False  # CPython refused: one collection at a time
+        assert full_collections == []
+        assert collector.stats.collections == 0 and collector.stats.busy == 1
+        assert collector.stats.last_pause_s is None
+        assert collector.due()
+    finally:
+        release.set()
+        t.join(30)
+    assert collector.idle() is True  # the next slice runs it
+    assert full_collections == ["start"]
+    assert collector.stats.collections == 1 and collector.stats.busy == 1
+    assert not collector.due()
     del kept
 
 
