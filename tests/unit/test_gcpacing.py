@@ -93,8 +93,12 @@ def test_a_collection_refused_while_another_thread_collects_is_not_counted_and_s
     entered, release = threading.Event(), threading.Event()
 
     def other_thread() -> None:  # a young collection that runs a finalizer, as a client library's would
-        Finalizer(entered, release)
-        gc.collect(0)
+        gc.disable()  # so that no automatic collection, in any thread, finds the cycle before this one
+        try:
+            Finalizer(entered, release)
+            gc.collect(0)
+        finally:
+            gc.enable()
 
     t = threading.Thread(target=other_thread)
     t.start()
