@@ -128,7 +128,11 @@ checks them on it (``tests/contract/``, ``scheduler_places``):
   profile on this GPU's node"; one whose id names a live replica of that
   workload is done (the re-applied CREATE). A DRAIN/DELETE names a replica by
   the snapshot's name and removes one replica of its workload, that one
-  first (``controller.kubernetes.io/pod-deletion-cost``);
+  first (``controller.kubernetes.io/pod-deletion-cost``) among replicas as far
+  along as it: the ReplicaSet removes an unscheduled, Pending or not-Ready
+  pod before a Ready one whatever its cost, so a Ready replica named while
+  another of its workload is still starting may stay, and the starting one
+  goes instead (``docs/kubernetes.md``);
 - instances: a CREATE's ``start`` is a hint. The CREATE is an error at once
   only when the node has no instance of the profile at all; when every such
   instance serves, the new replica cannot start and its WAIT_READY fails

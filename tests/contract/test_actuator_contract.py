@@ -156,7 +156,13 @@ def test_a_wait_on_a_replica_a_later_plan_removed_is_done(make):
     h.settle()
     h.late_errors()
     assert h.errors_seen == []
-    assert [(r.id, r.state) for r in h.snapshot().replicas] == [("m-1", ReplicaState.READY)]
+    left = [(r.id, r.state) for r in h.snapshot().replicas]
+    if h.scheduler_places:
+        # the ReplicaSet removes a pod still Pending or not Ready before the named one, which
+        # may have become Ready first (the contract): one replica of m stays, and it serves
+        assert len(left) == 1 and left[0][0] in ("m-0", "m-1") and left[0][1] is ReplicaState.READY, left
+    else:
+        assert left == [("m-1", ReplicaState.READY)]
 
 
 def test_a_replica_only_starting_is_not_in_flight(make):
