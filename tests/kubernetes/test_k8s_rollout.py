@@ -306,6 +306,9 @@ def test_a_pod_pinned_to_a_node_that_filled_up_meanwhile_is_recreated_and_placed
         return any(c.get("reason") == "Unschedulable" for p in ours() for c in p["status"].get("conditions") or [])
 
     wait_until(unschedulable, 10, "the pinned pod Unschedulable")
+    # the backend reads its Pod cache, not the server: on a busy machine the watch may not have
+    # brought the condition yet, and a first pass that does not see it starts the clock later
+    caught_up(be, fake)
     first = ours()[0]["metadata"]["name"]
     be.advance()  # seen stuck now: not yet replaced
     clock.advance(UNPIN_AFTER_S - 1)
