@@ -325,6 +325,8 @@ def main() -> None:
                 n += 1
         return n
 
+    error_samples: list[str] = []  # the first few failed actions' messages, whatever the phase
+
     def run(ticks: int, until=None) -> list[dict]:
         out = []
         for _ in range(ticks):
@@ -334,6 +336,9 @@ def main() -> None:
             start, cpu0 = time.perf_counter(), time.process_time()
             r = ctl.tick()
             end = time.perf_counter()
+            for e in (*r.errors, *(f"late: {x}" for x in r.late_errors)):
+                if len(error_samples) < 10:
+                    error_samples.append(f"tick {len(out) + 1}: {e[:400]}")
             dt = end - start
             # the rest of the period as ``Driver.run`` spends it (its idle hook: a due full
             # garbage collection runs there)
@@ -479,6 +484,7 @@ def main() -> None:
         "memory_mb": {"rss_before": round(rss0 / 2**20, 1), "rss_after": round(rss1 / 2**20, 1),
                       "delta": round((rss1 - rss0) / 2**20, 1)},
         "tick_errors": sum(o["errors"] for o in warm + steady + up),
+        "tick_error_samples": error_samples,
         "warmup_settled": settled(warm),
         "scale_up_settled": settled(up),
         "in_flight_at_end": left,
