@@ -150,6 +150,9 @@ def cluster_process(conn, nodes: int, caps: dict, load: dict, factor, freeze: bo
     conn.send((c.url, prom.url))
     conn.recv()  # until the parent is done
     conn.send({"controller_errors": c.plane.errors[:5], "objects": len(c.fake.objects),
+               # the emulation's one way to fail a pod: a device taken between placement and
+               # the kubelet's admission (UnexpectedAdmissionError)
+               "admission_failures": c.kubelet.admission_failures,
                "server_requests": len(c.fake.requests), "gc_pauses": list(gcp.log),
                "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)})
     prom.close()
