@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from autoscaler.act.local.pids import started_from
-from autoscaler.act.local.triton import free_port
+from autoscaler.act.local.triton import free_ports
 from autoscaler.runtime.loadtest import build_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +36,8 @@ def write_configs(workdir: Path, run_dir: Path, *, policy: dict | None = None) -
     for m in models["models"]:
         m["model_dir"] = str((EXAMPLES / m["model_dir"]).resolve())
     cluster = yaml.safe_load((EXAMPLES / "cluster.yaml").read_text())
-    cluster["local"].update(frontdoor_port=free_port(), api_port=free_port(), run_dir=str(run_dir))
+    frontdoor_port, api_port = free_ports(2)  # in one call: two calls may return one port twice
+    cluster["local"].update(frontdoor_port=frontdoor_port, api_port=api_port, run_dir=str(run_dir))
     if policy:
         cluster["policy"].update(policy)
     workdir.mkdir(parents=True, exist_ok=True)

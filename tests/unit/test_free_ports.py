@@ -31,3 +31,49 @@ def test_port_clash_reads_triton_gloo_and_python_wordings_and_nothing_else():
     assert not port_clash([])
     assert not port_clash(["E1205 server.cc:241] \"CudaDriverHelper has not been initialized.\"",
                            "ModuleNotFoundError: No module named 'torch'"])
+
+
+class _ReusingKernel:
+    """``socket.socket`` for ``bind(("127.0.0.1", 0))``: each bind gets the lowest port no
+    open socket holds, so a port closed a moment ago is handed out again at once."""
+
+    def __init__(self, first: int = 40000) -> None:
+        self.first, self.held = first, set()
+
+    def __call__(self, *_args, **_kwargs):
+        kernel = self
+
+        class _Sock:
+            port = None
+
+            def setsockopt(self, *_a) -> None:
+                pass
+
+            def bind(self, addr) -> None:
+                assert addr[1] == 0, addr
+                self.port = next(p for p in range(kernel.first, kernel.first + 100) if p not in kernel.held)
+                kernel.held.add(self.port)
+
+            def getsockname(self):
+                return ("127.0.0.1", self.port)
+
+            def close(self) -> None:
+                kernel.held.discard(self.port)
+
+        return _Sock()
+
+
+def test_a_local_cluster_gives_its_front_door_api_and_prometheus_distinct_ports(tmp_path, monkeypatch):
+    from autoscaler.act.local import triton
+    from autoscaler.act.local.cluster import LocalCluster
+
+    kernel = _ReusingKernel()
+    monkeypatch.setattr(triton.socket, "socket", kernel)
+    assert triton.free_port() == triton.free_port() == kernel.first  # the habit that bit
+
+    c = LocalCluster(tmp_path / "run", {}, [], prometheus="off")
+    assert len({c.api_port, c.door.port, c.prom.port}) == 3, (c.api_port, c.door.port, c.prom.port)
+    # ports the caller gives are kept, and none of ours is one of them
+    c = LocalCluster(tmp_path / "run2", {}, [], prometheus="off", frontdoor_port=kernel.first, api_port=kernel.first + 1)
+    assert (c.door.port, c.api_port) == (kernel.first, kernel.first + 1)
+    assert c.prom.port not in (kernel.first, kernel.first + 1)

@@ -45,7 +45,7 @@ from autoscaler.act.local.probe import ReplicaLoad, load_between, scrape
 from autoscaler.act.local.prometheus import PrometheusServer, ScrapeTarget
 from autoscaler.act.local.replicas import LocalReplica, ModelRuntime, replica_env
 from autoscaler.act.local.supervisor import InfraState, SupervisionMixin, Supervisor
-from autoscaler.act.local.triton import free_port
+from autoscaler.act.local.triton import free_ports
 from autoscaler.clock import Clock, WallClock
 from autoscaler.policy.types import ClusterState, GpuState, ReplicaState
 from autoscaler.protocols import ActionQueue
@@ -89,9 +89,13 @@ class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
         self.auto_replace = auto_replace
         self.emulate = emulate
         self.launcher: ReplicaLauncher = launcher or ProcessLauncher()
-        self.api_port = api_port or free_port()
-        self.door = NginxFrontDoor(self.run_dir, frontdoor_port or free_port())
-        self.prom = PrometheusServer(self.run_dir, prometheus)
+        # The ports left to us are chosen in one call: one free_port() per port may hand
+        # the same port out twice (the kernel reuses a port freed a moment ago), and nginx
+        # then holds the port Prometheus was given.
+        auto = iter(free_ports(3, exclude={p for p in (api_port, frontdoor_port) if p}))
+        self.api_port = api_port or next(auto)
+        self.door = NginxFrontDoor(self.run_dir, frontdoor_port or next(auto))
+        self.prom = PrometheusServer(self.run_dir, prometheus, port=next(auto))
         self.pids = PidRegistry(self.run_dir)
         self._gpus: dict[str, GpuState] = {g.id: g for g in gpus}
         self._replicas: dict[str, LocalReplica] = {}
