@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import types
 
 from autoscaler.act.local.triton import TritonPorts, free_ports, port_clash
 
@@ -68,7 +69,9 @@ def test_a_local_cluster_gives_its_front_door_api_and_prometheus_distinct_ports(
     from autoscaler.act.local.cluster import LocalCluster
 
     kernel = _ReusingKernel()
-    monkeypatch.setattr(triton.socket, "socket", kernel)
+    # only the port chooser's sockets are fake: other threads in this process keep the real module
+    monkeypatch.setattr(triton, "socket", types.SimpleNamespace(socket=kernel, AF_INET=socket.AF_INET,
+                                                                SOCK_STREAM=socket.SOCK_STREAM))
     assert triton.free_port() == triton.free_port() == kernel.first  # the habit that bit
 
     c = LocalCluster(tmp_path / "run", {}, [], prometheus="off")
