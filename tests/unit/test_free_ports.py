@@ -41,27 +41,25 @@ class _ReusingKernel:
     def __init__(self, first: int = 40000) -> None:
         self.first, self.held = first, set()
 
-    def __call__(self, *_args, **_kwargs):
-        kernel = self
+    def __call__(self, *_args) -> _FakeSocket:
+        return _FakeSocket(self)
 
-        class _Sock:
-            port = None
 
-            def setsockopt(self, *_a) -> None:
-                pass
+class _FakeSocket:
+    def __init__(self, kernel: _ReusingKernel) -> None:
+        self.kernel, self.port = kernel, None
 
-            def bind(self, addr) -> None:
-                assert addr[1] == 0, addr
-                self.port = next(p for p in range(kernel.first, kernel.first + 100) if p not in kernel.held)
-                kernel.held.add(self.port)
+    def bind(self, addr) -> None:
+        assert addr[1] == 0, addr
+        k = self.kernel
+        self.port = next(p for p in range(k.first, k.first + 100) if p not in k.held)
+        k.held.add(self.port)
 
-            def getsockname(self):
-                return ("127.0.0.1", self.port)
+    def getsockname(self):
+        return ("127.0.0.1", self.port)
 
-            def close(self) -> None:
-                kernel.held.discard(self.port)
-
-        return _Sock()
+    def close(self) -> None:
+        self.kernel.held.discard(self.port)
 
 
 def test_a_local_cluster_gives_its_front_door_api_and_prometheus_distinct_ports(tmp_path, monkeypatch):
