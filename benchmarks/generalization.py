@@ -69,7 +69,6 @@ import sys
 import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -80,6 +79,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from autoscaler.policy.forecast import HeadroomConfig  # importable once ROOT is on the path
 from autoscaler.sim.families import EXTRA_FAMILIES, UNSEEN_FAMILIES
+from autoscaler.sim.run import BACKENDS
 
 RESULTS = ROOT / "benchmarks" / "results"
 DEV_SEEDS = (1, 2, 3, 4, 5)
@@ -98,7 +98,6 @@ KNOBS: dict[str, tuple[str, tuple[float, ...], float]] = {
     "hpa-queue": ("target", (0.5, 1.0, 2.0), 1.0),
 }
 POLICIES = ("migscale", "hpa-queue", "hpa-util", "static-peak")
-BACKENDS = ("sim", "kubernetes")
 
 
 # ------------------------------------------------------------------ one run (in a worker)
@@ -126,10 +125,10 @@ def run_one(job: tuple) -> dict[str, Any]:
 
     ``shed``: every replica sheds what waited past its model's SLO (``SimConfig.shed_at_slo``,
     docs/shedding.md), for every policy alike -- a serving team's setting, not a policy's.
-    ``backend``: ``sim`` or ``kubernetes`` (``BACKENDS``; the module docstring says what differs)."""
+    ``backend``: ``sim`` or ``kubernetes`` (``sim.run.backend_world`` says what differs)."""
     family, seed, hours, policy, knob, max_spares, shed, backend = job
     from autoscaler.sim.cluster import SimConfig
-    from autoscaler.sim.run import simulate
+    from autoscaler.sim.run import backend_world, simulate
 
     models, cluster, trace = _world(family, seed, hours)
     kw: dict[str, Any] = {}
@@ -141,15 +140,9 @@ def run_one(job: tuple) -> dict[str, Any]:
         kw.setdefault("policy_overrides", {})["spares"] = SpareConfig(max_spares=max_spares)
     elif policy in ("hpa-util", "hpa-queue") and knob is not None:
         kw["baseline_target"] = knob
-    sim = SimConfig(step_s=STEP_S, shed_at_slo=shed)
-    if backend == "kubernetes":
-        from autoscaler.policy.types import RepartitionScope
-
-        sim = replace(sim, fast_window_s=None)
-        if policy == "migscale":
-            kw.setdefault("policy_overrides", {})["repartition_scope"] = RepartitionScope.NODE
-    elif backend != "sim":
-        raise ValueError(f"backend: one of {BACKENDS}, got {backend!r}")
+    sim, world = backend_world(backend, SimConfig(step_s=STEP_S, shed_at_slo=shed))
+    if policy == "migscale" and world:
+        kw.setdefault("policy_overrides", {}).update(world)
     t0, c0 = time.perf_counter(), time.process_time()
     r = simulate(models, cluster, trace, policy, STEP_S, sim=sim, **kw)
     out = {"family": family, "seed": seed, "hours": hours, "policy": policy, "knob": knob, "max_spares": max_spares,

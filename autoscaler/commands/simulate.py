@@ -31,17 +31,23 @@ def simulate(
     repartition_delay_s: Annotated[float, typer.Option("--repartition-delay-s")] = 180.0,
     scrape_delay_s: Annotated[float, typer.Option("--scrape-delay-s")] = 15.0,
     warmup_s: Annotated[float, typer.Option("--warmup-s", help="unscored warm-up at the first rate")] = 1800.0,
+    backend: Annotated[str, typer.Option(
+        "--backend", help="sim: every path the simulator has; kubernetes: without the two that backend lacks "
+        "(the 1 s direct scrape the burst layer reads, and GPU-scope cuts: mig-manager drains the node, "
+        "so no warm spares)")] = "sim",
 ) -> None:
     """Simulate TRACE on CLUSTER with POLICY and print SLO attainment and GPU-hours."""
     from autoscaler.sim import report
     from autoscaler.sim.cluster import SimConfig
-    from autoscaler.sim.run import ANALYSIS_POLICIES, POLICIES, SimError
+    from autoscaler.sim.run import ANALYSIS_POLICIES, BACKENDS, POLICIES, SimError, backend_world
     from autoscaler.sim.run import simulate as run
     from autoscaler.sim.traces import TraceError, read_csv
 
     names = list(POLICIES) if policy == "all" else [policy]
     if any(n not in POLICIES + ANALYSIS_POLICIES for n in names):
         fail([f"--policy: must be one of {', '.join(POLICIES + ANALYSIS_POLICIES)} or all, got {policy!r}"])
+    if backend not in BACKENDS:
+        fail([f"--backend: must be one of {', '.join(BACKENDS)}, got {backend!r}"])
     models_cfg = load_models_or_exit(models)
     cluster_cfg = load_cluster_or_exit(cluster)
     try:
@@ -49,9 +55,12 @@ def simulate(
     except TraceError as exc:
         fail(exc.problems)
     try:
-        sim = SimConfig(step_s=step_s, start_delay_s=start_delay_s, repartition_delay_s=repartition_delay_s,
-                        scrape_delay_s=scrape_delay_s)
-        results = [run(models_cfg, cluster_cfg, tr, n, step_s, sim=sim, warmup_s=warmup_s) for n in names]
+        sim, world = backend_world(backend, SimConfig(step_s=step_s, start_delay_s=start_delay_s,
+                                                      repartition_delay_s=repartition_delay_s,
+                                                      scrape_delay_s=scrape_delay_s))
+        # the world's policy settings are migscale's; a baseline reads neither path
+        results = [run(models_cfg, cluster_cfg, tr, n, step_s, sim=sim, warmup_s=warmup_s,
+                       policy_overrides=world if n == "migscale" else None) for n in names]
     except ConfigError as exc:
         fail(exc.problems)
     except (SimError, ValueError) as exc:

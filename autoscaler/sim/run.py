@@ -35,7 +35,7 @@ import numpy as np
 from autoscaler.clock import VirtualClock
 from autoscaler.driver import Driver, Hooks
 from autoscaler.mig import Placement, get_product
-from autoscaler.policy.types import ClusterState, GpuState, ModelSpec, Replica, ReplicaState
+from autoscaler.policy.types import ClusterState, GpuState, ModelSpec, RepartitionScope, Replica, ReplicaState
 from autoscaler.sim import baselines as bl
 from autoscaler.sim import queueing as q
 from autoscaler.sim.cluster import SimCluster, SimConfig
@@ -53,6 +53,30 @@ SPIKE_BASE_S = 600.0
 
 class SimError(ValueError):
     """A simulation that cannot run as asked; the message names the field and value."""
+
+
+# Which backend's paths the simulated world has (``backend_world``).
+BACKENDS = ("sim", "kubernetes")
+
+
+def backend_world(backend: str, sim: SimConfig) -> tuple[SimConfig, dict[str, Any]]:
+    """The world ``sim`` as ``backend`` runs it: (its ``SimConfig``, migscale's policy overrides).
+
+    ``sim``: every path the simulator has -- the 1 s direct scrape that feeds the burst layer
+    (``SimConfig.fast_window_s``) and repartitions that take one GPU (``RepartitionScope.GPU``:
+    warm spares, recuts while consolidating). ``kubernetes``: without the two that backend
+    lacks. It reads replicas through Prometheus only, so no fast signals; and mig-manager drains
+    the node for any cut, which the Kubernetes controller tells the policy
+    (``RepartitionScope.NODE``: no spares, consolidation only into instances as cut now). The
+    drain itself is not modelled: a cut still takes one GPU for ``repartition_delay_s`` while the
+    node's other GPUs serve, so in that respect the world is the backend's best case. The
+    overrides are migscale's: the HPA baselines read no fast signals and keep static layouts.
+    """
+    if backend == "sim":
+        return sim, {}
+    if backend == "kubernetes":
+        return replace(sim, fast_window_s=None), {"repartition_scope": RepartitionScope.NODE}
+    raise SimError(f"backend: must be one of {', '.join(BACKENDS)}, got {backend!r}")
 
 
 @dataclass

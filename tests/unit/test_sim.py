@@ -595,6 +595,54 @@ def test_cli_simulate_bad_input_exits_2(tmp_path):
     assert res.exit_code == 2 and "not in the models config" in res.output and "Traceback" not in res.output
 
 
+def test_backend_world_takes_away_exactly_what_kubernetes_lacks():
+    from autoscaler.policy.types import RepartitionScope
+    from autoscaler.sim.run import SimError, backend_world
+
+    base = SimConfig(step_s=5.0, start_delay_s=30.0, repartition_delay_s=180.0)
+    same, none = backend_world("sim", base)
+    assert same == base and same.fast_window_s is not None and none == {}
+    kube, over = backend_world("kubernetes", base)
+    assert kube.fast_window_s is None
+    assert over == {"repartition_scope": RepartitionScope.NODE}
+    # everything else about the world stays as asked
+    assert (kube.step_s, kube.start_delay_s, kube.repartition_delay_s) == (5.0, 30.0, 180.0)
+    with pytest.raises(SimError, match="backend: must be one of sim, kubernetes, got 'slurm'"):
+        backend_world("slurm", base)
+
+
+def test_cli_simulate_backend_kubernetes_reaches_migscale_only(tmp_path, monkeypatch):
+    import yaml
+
+    import autoscaler.sim.run as run_mod
+    from autoscaler.policy.types import RepartitionScope
+
+    (tmp_path / "models.yaml").write_text(yaml.safe_dump({"models": sc.fleet(1)}))
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(sc.cluster(1)))
+    name = sc.fleet(1)[0]["name"]
+    (tmp_path / "t.csv").write_text(f"t_s,model,rps\n0,{name},5\n600,{name},5\n")
+    args = [str(tmp_path / "models.yaml"), str(tmp_path / "cluster.yaml"), str(tmp_path / "t.csv")]
+    res = CliRunner().invoke(app, ["simulate", *args, "--backend", "slurm"])
+    assert res.exit_code == 2 and "--backend: must be one of sim, kubernetes, got 'slurm'" in res.output
+    seen: dict[str, tuple] = {}
+    real = run_mod.simulate
+
+    def spy(models_cfg, cluster_cfg, trace, policy_name, step_s=5.0, **kw):
+        seen[policy_name] = (kw["sim"].fast_window_s, kw.get("policy_overrides"))
+        return real(models_cfg, cluster_cfg, trace, policy_name, step_s, **kw)
+
+    monkeypatch.setattr(run_mod, "simulate", spy)
+    res = CliRunner().invoke(app, ["simulate", *args, "--policy", "all", "--backend", "kubernetes",
+                                   "--warmup-s", "60"])
+    assert res.exit_code == 0, res.output
+    assert seen["migscale"] == (None, {"repartition_scope": RepartitionScope.NODE})
+    assert all(v == (None, None) for k, v in seen.items() if k != "migscale") and len(seen) == len(POLICIES)
+    seen.clear()
+    res = CliRunner().invoke(app, ["simulate", *args, "--policy", "migscale", "--warmup-s", "60"])
+    assert res.exit_code == 0, res.output
+    assert seen["migscale"] == (SimConfig().fast_window_s, {})
+
+
 def _profiled_models(tmp_path, throughput):
     """One model whose capacity_file carries `migscale profile` sweeps topping out at ``throughput``."""
     import yaml
