@@ -36,17 +36,11 @@ them (``families.UNSEEN_FAMILIES``: ramp, failover) are refused on development
 seeds, so nothing can be chosen on them by accident; cron's development seeds
 are where the forecaster's recurring rises were built.
 
-Backend: ``--backend kubernetes`` runs the world as the Kubernetes backend sees it,
-with what that backend lacks taken away. It has no fast path (replicas are read
-through Prometheus at the HPA's cadence, so the burst layer falls back to the
-metrics window's demand: ``SimConfig.fast_window_s`` None), and mig-manager drains
-the whole node for any cut (the policy runs with ``RepartitionScope.NODE``, as the
-Kubernetes controller tells it: no warm spares, consolidation only into instances as
-cut now). The node drain itself is not modelled: a repartition still takes one GPU
-180 s while the node's other GPUs keep serving, so on that count the figure is the
-backend's best case. The HPA baselines read no fast signals and keep static layouts:
-they run the same in both worlds. Default ``sim``: every path the simulator has
-(``generalization.json``).
+Backend: ``--backend kubernetes`` runs the world as the Kubernetes backend sees it
+(``sim.run.backend_world``: no fast signals, so the burst layer reads the metrics
+window; node-scope repartitions, so no warm spares; the node drain itself is not
+modelled). The HPA baselines use neither path and run the same in both worlds.
+Default ``sim``: every path the simulator has (``generalization.json``).
 
 Defaults: ``defaults`` records, per knob, the value the code ships, the value
 the development seeds choose by the stated rule, and the seeds that chose it.
