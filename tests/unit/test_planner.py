@@ -326,6 +326,31 @@ def test_a_replacement_larger_than_the_churn_budget_waits_whole():
     assert_actions_are_safe(cl, whole, [m])
 
 
+def test_a_short_model_grows_while_its_replacement_waits_for_the_churn_budget():
+    # Two 7g replicas serve 50 of the 80 req/s asked; the fresh mix is eight 1g (8 slices
+    # against 14 + 3), so the planner rebalances: 8 creates + 2 deletes, which a budget of 4
+    # never admits. The growth must not wait with it: the 1g creates that need no delete
+    # (on the empty GPU) go until what runs covers the demand, and the swap waits.
+    m = spec("m", {"1g.10gb": 10.0, "7g.80gb": 25.0}, max_replicas=10)
+    seven = (Placement(0, "7g.80gb"),)
+    cl = ClusterState(
+        gpus=(GpuState("node/0", "node", A100, seven), GpuState("node/1", "node", A100, seven),
+              GpuState("node/2", "node", A100)),
+        replicas=(Replica("m-0", "m", "7g.80gb", "node/0", 0, ReplicaState.READY),
+                  Replica("m-1", "m", "7g.80gb", "node/1", 0, ReplicaState.READY)),
+    )
+    whole = plan([m], {"m": 80.0}, cl)
+    assert Reason.PROFILE_EFFICIENCY in whole.reasons["m"]  # the rebalance this is about
+    assert [a.profile for a in whole.actions if a.kind is ActionKind.DELETE] == ["7g.80gb"] * 2
+    p = plan([m], {"m": 80.0}, cl, churn_budget=4)
+    creates = [a for a in p.actions if a.kind is ActionKind.CREATE]
+    assert [(a.profile, a.gpu) for a in creates] == [("1g.10gb", "node/2")] * 3
+    assert not [a for a in p.actions if a.kind in (ActionKind.DRAIN, ActionKind.DELETE)]
+    assert 50.0 + 10.0 * len(creates) >= 80.0
+    assert {Reason.PROFILE_EFFICIENCY, Reason.CHURN_BUDGET} <= set(p.reasons["m"])
+    assert_actions_are_safe(cl, p, [m])
+
+
 def assert_actions_are_safe(cluster: ClusterState, p: Plan, models: list[ModelSpec]) -> None:
     """Replay the actions: a REPARTITION keeps every instance that still holds a replica,
     a CREATE lands on a free instance of the current layout, and each model's serving
