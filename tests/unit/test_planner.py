@@ -344,7 +344,7 @@ def test_a_short_model_grows_while_its_replacement_waits_for_the_churn_budget():
     assert [a.profile for a in whole.actions if a.kind is ActionKind.DELETE] == ["7g.80gb"] * 2
     p = plan([m], {"m": 80.0}, cl, churn_budget=4)
     creates = [a for a in p.actions if a.kind is ActionKind.CREATE]
-    assert [(a.profile, a.gpu) for a in creates] == [("1g.10gb", "node/2")] * 3
+    assert [(a.profile, a.gpu, a.reason) for a in creates] == [("1g.10gb", "node/2", Reason.SCALE_UP_DEMAND)] * 3
     assert not [a for a in p.actions if a.kind in (ActionKind.DRAIN, ActionKind.DELETE)]
     assert 50.0 + 10.0 * len(creates) >= 80.0
     assert {Reason.PROFILE_EFFICIENCY, Reason.CHURN_BUDGET} <= set(p.reasons["m"])

@@ -24,8 +24,9 @@ selected or deferred together.
 A model short of its demand whose new mix replaces its old one (a
 rebalance, ``Reason.PROFILE_EFFICIENCY``) still grows when the whole
 replacement does not fit the budget: its creates that need no delete go,
-free of the budget as any scale-up, until what runs plus them covers the
-demand; the replacement waits for a budget it fits. Worked number: a model
+free of the budget as any scale-up and named one (``SCALE_UP_DEMAND``), until
+what runs plus them covers the demand; the replacement waits for a budget it
+fits. Worked number: a model
 at 900 req/s on 4g, 3g, 3g and two 1g replicas, asked for 1,800, whose fresh
 mix is eleven 1g replicas: the replacement is 9 creates + 3 deletes, which a
 budget of 4 never admits, so without this it stayed at 900 req/s for 42
@@ -116,6 +117,7 @@ def select(creates: list[Create], removed: dict[str, Reason], replicas: dict[str
                 return
             if c.order in sel_c or c.group is not None or deps_of(c):
                 continue
+            c.reason = Reason.SCALE_UP_DEMAND  # growth now, whatever the replacement it came with
             sel_c.add(c.order)
             short -= m.cap.get(c.profile, 0.0)
 
