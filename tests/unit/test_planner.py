@@ -304,19 +304,24 @@ def test_a_scale_down_waits_until_the_replica_it_keeps_is_ready():
     assert Reason.HOLD_CONVERGING not in ready.reasons["vit"]
 
 
+def _two_sevens_and_an_empty_gpu() -> ClusterState:
+    """Model ``m`` on a 7g replica on each of two GPUs, and a third GPU empty."""
+    seven = (Placement(0, "7g.80gb"),)
+    return ClusterState(
+        gpus=(GpuState("node/0", "node", A100, seven), GpuState("node/1", "node", A100, seven),
+              GpuState("node/2", "node", A100)),
+        replicas=(Replica("m-0", "m", "7g.80gb", "node/0", 0, ReplicaState.READY),
+                  Replica("m-1", "m", "7g.80gb", "node/1", 0, ReplicaState.READY)),
+    )
+
+
 def test_a_replacement_larger_than_the_churn_budget_waits_whole():
     # Two 7g replicas swapped for two 1g ones (14 slices -> 2): 2 creates + 2 deletes.
     # Under a budget of 2, starting the creates alone would leave 7g + 7g + 1g + 1g,
     # which the next tick scales down -- a just-created 1g with it -- and the tick
     # after starts the swap over. All or nothing: it waits for a budget that fits it.
     m = spec("m", {"1g.10gb": 10.0, "7g.80gb": 25.0}, max_replicas=2, high_availability=True)
-    seven = (Placement(0, "7g.80gb"),)
-    cl = ClusterState(
-        gpus=(GpuState("node/0", "node", A100, seven), GpuState("node/1", "node", A100, seven),
-              GpuState("node/2", "node", A100)),
-        replicas=(Replica("m-0", "m", "7g.80gb", "node/0", 0, ReplicaState.READY),
-                  Replica("m-1", "m", "7g.80gb", "node/1", 0, ReplicaState.READY)),
-    )
+    cl = _two_sevens_and_an_empty_gpu()
     held = plan([m], {"m": 0.0}, cl, churn_budget=2)
     assert held.actions == ()
     assert {Reason.PROFILE_EFFICIENCY, Reason.CHURN_BUDGET} <= set(held.reasons["m"])
@@ -332,13 +337,7 @@ def test_a_short_model_grows_while_its_replacement_waits_for_the_churn_budget():
     # never admits. The growth must not wait with it: the 1g creates that need no delete
     # (on the empty GPU) go until what runs covers the demand, and the swap waits.
     m = spec("m", {"1g.10gb": 10.0, "7g.80gb": 25.0}, max_replicas=10)
-    seven = (Placement(0, "7g.80gb"),)
-    cl = ClusterState(
-        gpus=(GpuState("node/0", "node", A100, seven), GpuState("node/1", "node", A100, seven),
-              GpuState("node/2", "node", A100)),
-        replicas=(Replica("m-0", "m", "7g.80gb", "node/0", 0, ReplicaState.READY),
-                  Replica("m-1", "m", "7g.80gb", "node/1", 0, ReplicaState.READY)),
-    )
+    cl = _two_sevens_and_an_empty_gpu()
     whole = plan([m], {"m": 80.0}, cl)
     assert Reason.PROFILE_EFFICIENCY in whole.reasons["m"]  # the rebalance this is about
     assert [a.profile for a in whole.actions if a.kind is ActionKind.DELETE] == ["7g.80gb"] * 2
