@@ -28,9 +28,10 @@ free of the budget as any scale-up and named one (``SCALE_UP_DEMAND``), until
 what runs plus them covers the demand; the replacement waits for a budget it
 fits. Worked number: a model
 at 900 req/s on 4g, 3g, 3g and two 1g replicas, asked for 1,800, whose fresh
-mix is eleven 1g replicas: the replacement is 9 creates + 3 deletes, which a
+mix is ten 1g replicas: the replacement is 8 creates + 3 deletes, which a
 budget of 4 never admits, so without this it stayed at 900 req/s for 42
-minutes of a simulated day (onoff, held-out seed 6, node-scope cuts).
+minutes of a simulated day (onoff, held-out seed 6, node-scope cuts); with
+it, five 1g replicas start on an empty GPU.
 """
 
 from __future__ import annotations
