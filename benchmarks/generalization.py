@@ -37,10 +37,11 @@ seeds, so nothing can be chosen on them by accident; cron's development seeds
 are where the forecaster's recurring rises were built.
 
 Backend: ``--backend kubernetes`` runs the world as the Kubernetes backend sees it
-(``sim.run.backend_world``: no fast signals, so the burst layer reads the metrics
-window; node-scope repartitions, so no warm spares; the node drain itself is not
-modelled). The HPA baselines use neither path and run the same in both worlds.
-Default ``sim``: every path the simulator has (``generalization.json``).
+(``sim.run.backend_world``: node-scope repartitions, so no warm spares; the node
+drain itself is not modelled); ``kubernetes-no-fast`` also takes away the pods'
+1 s direct scrape, so the burst layer reads the metrics window. The HPA
+baselines use neither path and run the same in every world. Default ``sim``:
+every path the simulator has (``generalization.json``).
 
 Defaults: ``defaults`` records, per knob, the value the code ships, the value
 the development seeds choose by the stated rule, and the seeds that chose it.
@@ -119,7 +120,7 @@ def run_one(job: tuple) -> dict[str, Any]:
 
     ``shed``: every replica sheds what waited past its model's SLO (``SimConfig.shed_at_slo``,
     docs/shedding.md), for every policy alike -- a serving team's setting, not a policy's.
-    ``backend``: ``sim`` or ``kubernetes`` (``sim.run.backend_world`` says what differs)."""
+    ``backend``: one of ``sim.run.BACKENDS`` (``sim.run.backend_world`` says what differs)."""
     family, seed, hours, policy, knob, max_spares, shed, backend = job
     from autoscaler.sim.cluster import SimConfig
     from autoscaler.sim.run import backend_world, simulate
@@ -506,8 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-spares", type=int, default=None,
                     help="migscale's bound on warm spare slices (default: the policy's own)")
     ap.add_argument("--backend", choices=BACKENDS, default="sim",
-                    help="kubernetes: without the paths that backend lacks (no fast signals, a repartition "
-                         "drains the node, so no warm spares)")
+                    help="kubernetes: a repartition drains the node, so no warm spares; kubernetes-no-fast: "
+                         "that, and no fast signals (the controller's --no-fast-scrape)")
     ap.add_argument("--cache", default=None, help="JSONL of finished runs, reused when the code is the same")
     ap.add_argument("--out", default=str(RESULTS / "generalization.json"))
     ap.add_argument("--plot", default=str(RESULTS / "generalization-heldout.png"))

@@ -32,9 +32,9 @@ def simulate(
     scrape_delay_s: Annotated[float, typer.Option("--scrape-delay-s")] = 15.0,
     warmup_s: Annotated[float, typer.Option("--warmup-s", help="unscored warm-up at the first rate")] = 1800.0,
     backend: Annotated[str, typer.Option(
-        "--backend", help="sim: every path the simulator has; kubernetes: without the two that backend lacks "
-        "(the 1 s direct scrape the burst layer reads, and GPU-scope cuts: mig-manager drains the node, "
-        "so no warm spares)")] = "sim",
+        "--backend", help="sim: every path the simulator has; kubernetes: as that backend runs it "
+        "(mig-manager drains the node for a cut, so no warm spares); kubernetes-no-fast: that, and "
+        "without the pods' 1 s direct scrape the burst layer reads (--no-fast-scrape)")] = "sim",
 ) -> None:
     """Simulate TRACE on CLUSTER with POLICY and print SLO attainment and GPU-hours."""
     from autoscaler.sim import report

@@ -24,6 +24,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from autoscaler.observe.prometheus import check_value
@@ -144,8 +145,10 @@ class ScrapeSource:
         metrics_stale_s: float = 60.0,
         timeout_s: float = 2.0,
         fetch: Fetch | None = None,
+        pool: Executor | None = None,
     ) -> None:
         self.targets = targets
+        self.pool = pool
         self.window_s = window_s
         self.long_window_s = max(long_window_s, window_s)
         self.metrics_stale_s = metrics_stale_s
@@ -157,18 +160,26 @@ class ScrapeSource:
 
     # ------------------------------------------------------------ scraping
     def scrape(self, now_s: float, notes: list[str]) -> tuple[int, int]:
-        """Scrape every target once; returns (targets, failures)."""
+        """Scrape every target once; returns (targets, failures). With a ``pool`` the
+        fetches run on it side by side (hundreds of pods in a second), else one by one."""
         targets = dict(self.targets())
-        failures = 0
-        for rid, (model, url) in targets.items():
+
+        def one(item: tuple[str, tuple[str, str]]) -> Scrape | Exception:
+            _rid, (model, url) = item
             try:
-                text = self.fetch(url, self.timeout_s)
-                sc = parse_exposition(text, model, now_s)
+                return parse_exposition(self.fetch(url, self.timeout_s), model, now_s)
             except Exception as exc:  # noqa: BLE001 - a failed scrape is a missing replica
+                return exc
+
+        items = list(targets.items())
+        got = list(self.pool.map(one, items)) if self.pool is not None and len(items) > 1 else [one(i) for i in items]
+        failures = 0
+        for (rid, (model, url)), sc in zip(items, got):
+            if isinstance(sc, Exception):
                 failures += 1
                 notes.append(
                     f"{Reason.HOLD_MISSING_METRICS.value}: {rid}: scrape of {url} failed: "
-                    f"{type(exc).__name__}: {exc}"
+                    f"{type(sc).__name__}: {sc}"
                 )
                 continue
             h = self.history.setdefault(rid, deque())

@@ -8,6 +8,9 @@ names the replicas the planner must replace.
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterable, Sequence
+from typing import Any
+
 from autoscaler.policy.planner.multinode import group_of
 from autoscaler.policy.types import LIVE, ClusterState, ModelSpec, ReplicaState
 
@@ -36,10 +39,14 @@ def current_capacity(spec: ModelSpec, cluster: ClusterState) -> tuple[int, float
     is one replica of ``group_capacity_rps`` -- counting members would read
     2 replicas against max_replicas 1 and ask to scale down every tick.
     """
+    return _counted(spec, cluster.replicas, LIVE)
+
+
+def _counted(spec: ModelSpec, replicas: Iterable[Any], states: Container[ReplicaState]) -> tuple[int, float, bool]:
     n, cap, known = 0, 0.0, True
     seen_groups: set[str] = set()
-    for r in cluster.replicas:
-        if r.model == spec.name and r.state in LIVE:
+    for r in replicas:
+        if r.model == spec.name and r.state in states:
             if spec.backend == "multinode":
                 group = group_of(r.id)
                 if group in seen_groups:
@@ -52,6 +59,19 @@ def current_capacity(spec: ModelSpec, cluster: ClusterState) -> tuple[int, float
             else:
                 cap += c
     return n, cap, known
+
+
+def ready_capacity(specs: Iterable[ModelSpec], replicas: Sequence[Any]) -> dict[str, float]:
+    """Per model, the req/s its READY replicas serve at the SLO (starting ones serve
+    nothing yet): what the run loop's burst check compares arrivals with between
+    ticks. ``replicas``: anything with ``id``, ``model``, ``profile`` and ``state``
+    (the snapshot's, or the local cluster's own records). Models with none are absent."""
+    out: dict[str, float] = {}
+    for spec in specs:
+        n, cap, _known = _counted(spec, replicas, (ReplicaState.READY,))
+        if n:
+            out[spec.name] = cap
+    return out
 
 
 def by_model(cluster: ClusterState) -> dict[str, ClusterState]:

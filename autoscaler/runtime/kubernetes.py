@@ -6,6 +6,9 @@ capability ships, and nothing else:
     KubernetesBackend (act/kubernetes/backend.py) -- Inventory + Actuator from
         informers; make-before-break rollouts, node repartitions, Events
     PrometheusSource (observe/) -- MetricsSource (Triton + DCGM series)
+    FastScrape (observe/fast.py) -- optional: each Ready Triton pod's /metrics
+        every second, straight from its IP, for the burst layer; the wait
+        between ticks ends early when a model starts to outrun its Ready pods
     ControlLoop (loop.py) -- observe -> decide (policy/) -> act
     Driver (driver.py) -- the one run loop: cadence, back-off, hooks, health
     ApiState + create_app (api/) -- custom/external metrics, /metrics,
@@ -61,6 +64,9 @@ from autoscaler.clock import Clock, WallClock
 from autoscaler.config import policy_config
 from autoscaler.driver import Driver, Hooks, TickOutcome
 from autoscaler.loop import ControlLoop, TickResult, action_json
+from autoscaler.observe.fast import FastScrape, WithFast
+from autoscaler.policy.burst import WakeOnBurst, outrun_models
+from autoscaler.policy.capacity import ready_capacity
 from autoscaler.policy.types import Action, ModelSpec, Plan, RepartitionScope
 from autoscaler.protocols import MetricsSource
 from autoscaler.runtime.gcpacing import IdleCollector
@@ -153,8 +159,13 @@ class KubernetesController:
         dry_run: bool = False,
         model_source: ModelSource | None = None,
         collector: IdleCollector | None = None,
+        fast: FastScrape | None = None,
     ) -> None:
         self.backend = backend
+        # the burst layer's 1 s scrape of the pods, beside Prometheus (None: Prometheus alone)
+        self.fast = fast
+        if fast is not None:
+            source = WithFast(source, fast)
         # full garbage collections between ticks (installed by ``run``: a process-wide setting)
         self.collector = collector
         self.dry_run = dry_run  # observe and decide, never write (the client refuses every write too)
@@ -176,8 +187,10 @@ class KubernetesController:
         self.loop = ControlLoop(source, backend, self.gate, self.policy, self.clock, decision_log=None)
         # three missed ticks: one slow or failed tick is still current, a stuck loop is not
         max_age_s = 3.0 * self.policy.tick_s
+        self.wake = WakeOnBurst(self.policy.tick_s)
         self.driver = Driver(self.loop, self.clock, tick_s=self.policy.tick_s, max_snapshot_age_s=max_age_s,
-                             hooks=Hooks(before_tick=self.before_tick, after_tick=self.after_tick, idle=self.idle))
+                             hooks=Hooks(before_tick=self.before_tick, after_tick=self.after_tick, idle=self.idle,
+                                         wake=self.burst_began if fast is not None else None))
         self.api_state = ApiState(cluster_cfg.namespace, max_age_s=max_age_s, clock=self.clock,
                                   health=self.driver.health)
         self.on_result = on_result
@@ -235,6 +248,7 @@ class KubernetesController:
 
     def before_tick(self) -> None:
         self._tick_started = time.perf_counter()
+        self.wake.ticked(self.clock.now())
         self._refresh_models()
         prefetch = getattr(self.source, "prefetch", None)
         if prefetch is not None:
@@ -268,9 +282,24 @@ class KubernetesController:
             self.on_result(result)
 
     def idle(self) -> None:
-        """Between ticks (the driver's wait): a due full garbage collection runs here, not in a tick."""
+        """Between ticks (the driver's wait, in half-second slices): the fast scrape once a
+        second, and a due full garbage collection, here rather than in a tick."""
+        if self.fast is not None:
+            self.fast.sample_if_due(self.clock.now())
         if self.collector is not None:
             self.collector.idle()
+
+    def burst_began(self) -> bool:
+        """The driver's wake hook: a model's arrivals (the last 1 s scrapes) outrun the
+        Ready pods of the last tick's snapshot (``burst.WakeOnBurst``). The snapshot is the
+        tick's, not a fresh one: a pod Ready since then is missed until the next tick,
+        which this very hook then starts early -- no new read of the caches each second."""
+        obs = self.loop.last_observation
+        if self.fast is None or obs is None:
+            return False
+        now = self.clock.now()
+        short = outrun_models(self.fast.signals(now), now, ready_capacity(self.specs, obs.cluster.replicas))
+        return self.wake.began(short, now)
 
     def tick(self) -> TickResult:
         """One control tick through the driver: hooks, observe -> decide -> act (or shadow), publish."""
@@ -309,6 +338,8 @@ class KubernetesController:
             "conditions": self.backend.conditions(self._last_plan),
             "apply_calls": list(self.backend.apply_calls)[-50:],
             "backend": self.backend.stats(),
+            # the last round of the pods' direct scrape: targets, failures, the first failure
+            "fast_scrape": dict(self.fast.last) if self.fast is not None else None,
             "gc": self.collector.to_json() if self.collector is not None else None,
             "models": [{"name": m, "slo_p99_ms": v} for m, v in sorted(self.slo_p99_ms.items())],
         }
@@ -368,5 +399,7 @@ class KubernetesController:
                 closer()
             self.backend.close()
             self.backend.rest.close()
+            if self.fast is not None:
+                self.fast.close()
             if self.collector is not None:
                 self.collector.uninstall()

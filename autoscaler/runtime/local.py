@@ -41,7 +41,7 @@ from autoscaler.observe.fast import FastScrape, WithFast
 from autoscaler.observe.prometheus import PrometheusSource
 from autoscaler.observe.scrape import ScrapeSource
 from autoscaler.policy import burst
-from autoscaler.policy.capacity import replica_capacity
+from autoscaler.policy.capacity import ready_capacity
 from autoscaler.policy.types import ReplicaState
 from autoscaler.runtime.local_setup import initial_actions
 
@@ -95,8 +95,7 @@ class LocalController:
         self._tick_lock = threading.Lock()
         self.fast = FastScrape(self._targets, window_s=FAST_WINDOW_S)
         self._tick_s: float | None = None  # last tick's duration, for /metrics
-        self._outrun: set[str] = set()  # models short of capacity at the last burst check
-        self._last_tick_at: float | None = None  # clock time the last tick began
+        self.wake = burst.WakeOnBurst(self.tick_s)
 
     # ------------------------------------------------------------ wiring
     def _targets(self) -> dict[str, tuple[str, str]]:
@@ -180,32 +179,15 @@ class LocalController:
     def outrun_models(self) -> set[str]:
         """Models whose burst demand (the last 1 s scrapes) exceeds what their ready replicas serve."""
         now = self.clock.now()
-        fast = self.fast.signals(now)
-        specs = {sp.name: sp for sp in self.specs}
-        capacity: dict[str, float] = {}
-        for r in self.cluster.replicas():
-            spec = specs.get(r.model)
-            if r.state is ReplicaState.READY and spec is not None:
-                capacity[r.model] = capacity.get(r.model, 0.0) + (replica_capacity(spec, r.profile) or 0.0)
-        return {m for m, f in fast.items() if burst.outruns(f, now, capacity.get(m))}
+        return burst.outrun_models(self.fast.signals(now), now, ready_capacity(self.specs, self.cluster.replicas()))
 
     def _mark_tick(self) -> None:
-        self._last_tick_at = self.clock.now()
+        self.wake.ticked(self.clock.now())
 
     def burst_began(self) -> bool:
-        """The driver's wake hook: True when a model starts to outrun its replicas, and
-        again while one keeps outrunning them once half a tick has passed since the last
-        tick. The tick that a burst's first second wakes reads the fast signals afresh and
-        can find them just under the capacity, and the burst would then wait out the whole
-        cadence (``make demo``: a replica 11.1 s after the rise instead of about 6). Half a
-        tick bounds what a long burst costs: at most twice the tick rate, never a tick a
-        second."""
-        now_short = self.outrun_models()
-        began = bool(now_short - self._outrun)
-        if not began and now_short and self._last_tick_at is not None:
-            began = self.clock.now() - self._last_tick_at >= 0.5 * self.tick_s
-        self._outrun = now_short
-        return began
+        """The driver's wake hook (``burst.WakeOnBurst``: at a burst's onset, and again
+        every half tick while it outruns the ready replicas)."""
+        return self.wake.began(self.outrun_models(), self.clock.now())
 
     def build_driver(self, idle: Callable[[], None] | None = None) -> Driver:
         """The run loop around ``tick``; the metrics API follows its health."""

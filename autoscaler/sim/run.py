@@ -56,7 +56,7 @@ class SimError(ValueError):
 
 
 # Which backend's paths the simulated world has (``backend_world``).
-BACKENDS = ("sim", "kubernetes")
+BACKENDS = ("sim", "kubernetes", "kubernetes-no-fast")
 
 
 def backend_world(backend: str, sim: SimConfig) -> tuple[SimConfig, dict[str, Any]]:
@@ -64,17 +64,21 @@ def backend_world(backend: str, sim: SimConfig) -> tuple[SimConfig, dict[str, An
 
     ``sim``: every path the simulator has -- the 1 s direct scrape that feeds the burst layer
     (``SimConfig.fast_window_s``) and repartitions that take one GPU (``RepartitionScope.GPU``:
-    warm spares, recuts while consolidating). ``kubernetes``: without the two that backend
-    lacks. It reads replicas through Prometheus only, so no fast signals; and mig-manager drains
-    the node for any cut, which the Kubernetes controller tells the policy
-    (``RepartitionScope.NODE``: no spares, consolidation only into instances as cut now). The
-    drain itself is not modelled: a cut still takes one GPU for ``repartition_delay_s`` while the
-    node's other GPUs serve, so in that respect the world is the backend's best case. The
+    warm spares, recuts while consolidating). ``kubernetes``: mig-manager drains the node for
+    any cut, which the Kubernetes controller tells the policy (``RepartitionScope.NODE``: no
+    spares, consolidation only into instances as cut now); its pods are scraped straight from
+    their IPs each second (``migscale controller --fast-scrape``, the default), so the burst
+    layer keeps its signals. ``kubernetes-no-fast``: the same without that scrape
+    (``--no-fast-scrape``, or pods the controller cannot reach): Prometheus alone. The drain
+    itself is not modelled: a cut still takes one GPU for ``repartition_delay_s`` while the
+    node's other GPUs serve, so in that respect both are the backend's best case. The
     overrides are migscale's: the HPA baselines read no fast signals and keep static layouts.
     """
     if backend == "sim":
         return sim, {}
     if backend == "kubernetes":
+        return sim, {"repartition_scope": RepartitionScope.NODE}
+    if backend == "kubernetes-no-fast":
         return replace(sim, fast_window_s=None), {"repartition_scope": RepartitionScope.NODE}
     raise SimError(f"backend: must be one of {', '.join(BACKENDS)}, got {backend!r}")
 

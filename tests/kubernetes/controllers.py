@@ -22,7 +22,7 @@ name). Times are passed in, so a test can drive them with a VirtualClock or
   last name) or marks it ``PodScheduled=False/Unschedulable``; a pod with
   scheduling gates waits (``SchedulingGated``) until they are removed; admits a bound pod only if the device
   plugin still has a free device (else ``Failed/UnexpectedAdmissionError``);
-  a running pod is Ready ``ready_delay_s`` later, unless ``crashing`` says its
+  a running pod has an IP (``status.podIP``, from 10.244.0.0/16) and is Ready ``ready_delay_s`` later, unless ``crashing`` says its
   container exits at start (then it reports ``CrashLoopBackOff`` and is never
   Ready, as the kubelet's restart back-off does); a deleted pod is removed
   ``stop_s`` later (its preStop sleep and shutdown, never past its grace).
@@ -261,6 +261,10 @@ class Kubelet:
         # pods whose container exits at start: the kubelet restarts it with a back-off and reports
         # state.waiting.reason=CrashLoopBackOff; the pod stays Running and never Ready
         self.crashing: Callable[[Obj], bool] = lambda pod: False
+        # the CNI's pod IPs (10.244.0.0/16, kind's and flannel's default pod CIDR): one per
+        # pod from its sandbox's start, reported in status.podIP as the kubelet does
+        self._ips: dict[str, str] = {}
+        self._next_ip = 2
 
     def step(self, now: float) -> None:
         nodes = {n["metadata"]["name"]: n for n in self.fake.view("Node")}
@@ -284,6 +288,7 @@ class Kubelet:
                         pass
                     self._stopping.pop(uid, None)
                     self._started.pop(uid, None)
+                    self._ips.pop(uid, None)
                 continue
             if st.get("phase") in ("Succeeded", "Failed"):
                 continue
@@ -358,12 +363,22 @@ class Kubelet:
         self._started[p["metadata"]["uid"]] = now
         self._set_pod(p, "Running", ready_now=self.ready_delay_s <= 0)
 
+    def pod_ip(self, uid: str) -> str:
+        if uid not in self._ips:
+            n = self._next_ip
+            self._next_ip += 1
+            self._ips[uid] = f"10.244.{n // 254 % 256}.{n % 254 + 1}"
+        return self._ips[uid]
+
     def _set_pod(self, p: Obj, phase: str, *, ready_now: bool, crashed: bool = False) -> None:
         flag = "True" if ready_now else "False"
+        ip = self.pod_ip(p["metadata"]["uid"])
         state = ({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off restarting failed container"}}
                  if crashed else {"running": {"startedAt": iso(time.time())}})
         set_status(self.fake, p, {
             "phase": phase,
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
             "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Initialized", "status": "True"},
                            {"type": "ContainersReady", "status": flag}, {"type": "Ready", "status": flag}],
             "containerStatuses": [{"name": c["name"], "ready": ready_now, "restartCount": 1 if crashed else 0,

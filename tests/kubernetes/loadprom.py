@@ -29,6 +29,12 @@ integrated between scrapes, each pod's share in proportion to its profile's
 capacity), so that a real Prometheus can scrape it and answer the very same
 queries from its TSDB (``benchmarks/k8s_scale.py --prometheus real``). A
 model with no Ready pod has no series there at all: no Triton, no metrics.
+
+It is also the pod network, as an HTTP proxy: ``GET http://<pod IP>:8002/metrics``
+in absolute form (what a client sends to a proxy, ``HTTP_PROXY``) answers with
+that Ready pod's own exposition (Triton's labels, no ``pod``), and 502 where no
+Ready pod has the IP. A controller process pointed at it scrapes pod IPs with
+its real HTTP client, with nothing leaving loopback.
 """
 
 from __future__ import annotations
@@ -88,6 +94,19 @@ class LoadPrometheus:
 
             def do_GET(self) -> None:
                 url = urllib.parse.urlparse(self.path)
+                if url.hostname and url.path == "/metrics":
+                    # a proxy's request (absolute URI) for a pod's own Triton: the pod network
+                    pod = owner.pod_at(url.hostname)
+                    if pod is None:  # no Ready pod there: what a proxy answers when the connect fails
+                        self.send_error(502, f"no pod at {url.hostname}")
+                        return
+                    body = owner.exposition(pod).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 if url.path == "/metrics":
                     body = owner.exposition().encode()
                     self.send_response(200)
@@ -219,9 +238,18 @@ class LoadPrometheus:
                 "nv_inference_compute_infer_duration_us", "nv_inference_compute_output_duration_us",
                 "nv_inference_request_duration_us")
 
-    def exposition(self) -> str:
-        """Triton's series for every Ready pod, in the text format, with counters moved on
-        by what each pod served since the last scrape."""
+    def pod_at(self, ip: str) -> str | None:
+        """The Ready pod whose ``status.podIP`` is ``ip`` (None: nothing serves there)."""
+        ready = {name for pods in self.ready_pods().values() for name, _ in pods}
+        for p in self.fake.view("Pod"):
+            if (p.get("status") or {}).get("podIP") == ip and p["metadata"]["name"] in ready:
+                return p["metadata"]["name"]
+        return None
+
+    def exposition(self, pod: str | None = None) -> str:
+        """Triton's series for every Ready pod (or only ``pod``'s, as its own Triton serves
+        them), in the text format, with every pod's counters moved on by what it served
+        since the last scrape of any kind: the totals are the same whoever reads them."""
         now, ready, state = self._evaluate()
         with self._lock:
             dt = 0.0 if self._scraped_at is None else max(0.0, now - self._scraped_at)
@@ -236,7 +264,7 @@ class LoadPrometheus:
                 served = min(lam, cap)
                 us = self.compute_ms * 1000.0
                 lat = self.latency_ms(model, ratio)
-                for pod, prof in pods:
+                for name, prof in pods:
                     share = self.capacity.get(model, {}).get(prof, 0.0) / cap
                     ok, bad = served * share, (lam - served) * share
                     rates = {"nv_inference_request_success": ok, "nv_inference_request_failure": bad,
@@ -246,18 +274,22 @@ class LoadPrometheus:
                              "nv_inference_compute_infer_duration_us": ok * us,
                              "nv_inference_compute_output_duration_us": 0.0,
                              "nv_inference_request_duration_us": ok * (1 + ratio) * us}
-                    tot = self._counters.get((model, pod)) or dict.fromkeys(self.COUNTERS, 0.0)
+                    tot = self._counters.get((model, name)) or dict.fromkeys(self.COUNTERS, 0.0)
                     for n in self.COUNTERS:
                         tot[n] += rates[n] * dt
-                    live[(model, pod)] = tot
-                    lbl = f'model="{model}",version="1",pod="{pod}"'
+                    live[(model, name)] = tot
+                    if pod is not None and name != pod:
+                        continue
+                    # Triton's own labels; Prometheus adds ``pod`` from the PodMonitor's target
+                    lbl = f'model="{model}",version="1"' + (f',pod="{name}"' if pod is None else "")
                     for n in self.COUNTERS:
                         extra = ',reason="REJECTED"' if n == "nv_inference_request_failure" else ""
                         lines.append(f"{n}{{{lbl}{extra}}} {tot[n]:.3f}")
                     lines.append(f"nv_inference_pending_request_count{{{lbl}}} {max(0.0, lam - cap) * 5 * share:.3f}")
                     for q, _k in QUANTILES:
                         lines.append(f'nv_inference_request_summary_us{{{lbl},quantile="{q}"}} {lat[q] * 1000.0:.1f}')
-                    lines.append(f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{pod="{pod}"}} {min(1.0, rho):.4f}')
+                    if pod is None:  # DCGM's exporter, not the pod's Triton
+                        lines.append(f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{pod="{name}"}} {min(1.0, rho):.4f}')
             self._counters = live  # a pod gone takes its counters with it (a new pod starts at 0)
         return "\n".join(lines) + "\n"
 

@@ -8,6 +8,9 @@ shipped command, started as processes. Delays are scaled down (pods Ready in
 0.5 s, mig-manager 3 s, HPA sync 1 s, tick 1 s, lease 3 s) so the two runs take
 well under a minute together.
 
+Each controller also scrapes every Ready pod at its IP each second (the burst
+layer's path), through the emulated pod network (``loadprom.py``).
+
 1. Replicas follow the load, a profile swap is make-before-break (the model
    never has fewer Ready pods than before the swap), an HPA on a workload the
    team owns follows migscale's external metric, and every field has one
@@ -64,7 +67,10 @@ class Controller:
                "--prometheus", prom, "--rate-window", "1", "--identity", identity, "--lease-namespace", "default",
                "--insecure-http", "--port", "0", "--lease-duration", "3", "--renew-deadline", "2",
                "--retry-period", "0.5"]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+        # the pods' IPs (the burst layer's 1 s scrape) are reached through the emulated pod
+        # network, an HTTP proxy; everything on loopback goes direct
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT), "HTTP_PROXY": prom,
+               "NO_PROXY": "127.0.0.1,localhost"}
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         self.lines: list[str] = []
         self.url: str | None = None
@@ -242,6 +248,9 @@ def test_replicas_follow_load_swap_is_make_before_break_and_each_field_has_one_w
     assert any("scale_up_demand" in n for n in notes) and any("scale_down_demand" in n for n in notes), (notes, tl)
     status = httpx.get(f"{ctl.url}/v1/status", timeout=5).json()
     assert status["leader"] is True and set(status["conditions"]) == {"resnet", "rnn"}
+    # the pods were scraped at their IPs each second, every one answering
+    fast = status["fast_scrape"]
+    assert fast["targets"] >= 2 and fast["failures"] == 0, fast
     assert all(c["type"] == "AtTarget" and c["status"] in ("True", "False") for c in status["conditions"].values())
     assert not cluster.plane.errors and not (cluster.hpa and cluster.hpa.errors)
 

@@ -102,3 +102,31 @@ def test_a_burst_the_woken_tick_left_short_wakes_again_after_half_a_tick(tmp_pat
     assert [second(70.0) for _ in range(9)] == [False, False, True, False, False, True, False, False, True]
     # calm: no wake however long since the last tick
     assert [second(30.0) for _ in range(6)] == [False] * 6
+
+
+def test_wake_rule_at_the_onset_and_every_half_tick_while_short():
+    """``WakeOnBurst`` alone (pure): what both controllers' wake hooks run."""
+    w = burst.WakeOnBurst(tick_s=10.0)
+    w.ticked(0.0)
+    assert not w.began(set(), 1.0)
+    assert w.began({"resnet"}, 2.0)  # onset
+    assert not w.began({"resnet"}, 3.0)  # still short, only 3 s since the tick
+    assert w.began({"resnet"}, 5.0)  # half a tick since the last tick
+    w.ticked(5.0)
+    assert not w.began({"resnet"}, 6.0)
+    assert w.began({"resnet", "bert"}, 7.0)  # a second model's onset wakes at once
+    assert not w.began(set(), 20.0)  # calm: never, however long since the tick
+
+
+def test_ready_capacity_counts_ready_replicas_and_a_group_once():
+    from autoscaler.policy.capacity import ready_capacity
+    from autoscaler.policy.types import ModelSpec
+
+    resnet = ModelSpec(name="resnet", allowed_profiles=("1g.10gb", "3g.40gb"),
+                       capacity={"1g.10gb": 58.0, "3g.40gb": 160.0})
+    llm = ModelSpec(name="llm", allowed_profiles=(), capacity={}, backend="multinode", group_capacity_rps=9.0)
+    reps = [Rep("r1", "resnet", "1g.10gb", ReplicaState.READY), Rep("r2", "resnet", "3g.40gb", ReplicaState.READY),
+            Rep("r3", "resnet", "1g.10gb", ReplicaState.STARTING),
+            Rep("llm-g0-0", "llm", "7g.80gb", ReplicaState.READY), Rep("llm-g0-1", "llm", "7g.80gb", ReplicaState.READY),
+            Rep("bert-1", "bert", "1g.10gb", ReplicaState.READY)]  # no spec: not counted
+    assert ready_capacity([resnet, llm], reps) == {"resnet": 218.0, "llm": 9.0}

@@ -120,3 +120,41 @@ def test_with_fast_attaches_to_the_main_sources_signals_only():
     assert sigs["resnet"].request_rate == 80.0
     assert sigs["resnet"].fast is not None and sigs["resnet"].fast.arrival_rps == pytest.approx(150.0)
     assert src.last_notes == ("n",)
+
+
+def test_a_pool_of_workers_reads_the_same_rates_and_counts_a_pod_that_does_not_answer():
+    """The Kubernetes controller's form: fetches side by side; one pod down is a failure of that
+    round (in ``last``, for status) and its model goes on with the pods that answered."""
+    pages = Pages()
+    targets = {f"r{i}": ("resnet", f"u{i}") for i in range(6)}
+    pooled = FastScrape(lambda: targets, window_s=3.0, fetch=pages.fetch, workers=4)
+    serial = FastScrape(lambda: targets, window_s=3.0, fetch=pages.fetch)
+    try:
+        for t, done in ((100.0, 0.0), (103.0, 300.0)):
+            pages.text = {f"u{i}": expo(done * (i + 1), 0, 0, 0) for i in range(6)}
+            pooled.sample(t)
+            serial.sample(t)
+        assert pooled.signals(103.0)["resnet"] == serial.signals(103.0)["resnet"]
+        assert pooled.signals(103.0)["resnet"].completed_rps == pytest.approx(100.0 * 21)
+        assert pooled.last == {"t_s": 103.0, "targets": 6, "failures": 0, "error": None}
+        pages.down = {"u2"}
+        pooled.sample(104.0)
+        assert pooled.last["targets"] == 6 and pooled.last["failures"] == 1
+        assert "r2: scrape of u2 failed: ConnectionError" in pooled.last["error"]
+    finally:
+        pooled.close()
+    assert pooled._pool._shutdown
+
+
+def test_an_idle_hook_faster_than_the_interval_scrapes_once_a_second():
+    pages = Pages()
+    pages.text = {"u1": expo(0, 0, 0, 0)}
+    fs = FastScrape(lambda: {"r1": ("resnet", "u1")}, fetch=pages.fetch, interval_s=1.0)
+    # a driver slicing its wait in halves calls every 0.5 s: a round at 0, 1.0, 2.0 -- not 1.5 s apart
+    rounds = [t for t in (0.0, 0.5, 1.0, 1.5, 2.0, 2.5) if fs.sample_if_due(t)]
+    assert rounds == [0.0, 1.0, 2.0]
+
+
+def test_workers_below_one_are_refused():
+    with pytest.raises(ValueError, match="workers: must be >= 1, got 0"):
+        FastScrape(lambda: {}, workers=0)

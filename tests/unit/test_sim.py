@@ -603,11 +603,14 @@ def test_backend_world_takes_away_exactly_what_kubernetes_lacks():
     same, none = backend_world("sim", base)
     assert same == base and same.fast_window_s is not None and none == {}
     kube, over = backend_world("kubernetes", base)
-    assert kube.fast_window_s is None
+    assert kube == base  # its pods are scraped each second: the fast signals stay
+    assert over == {"repartition_scope": RepartitionScope.NODE}
+    slow, over = backend_world("kubernetes-no-fast", base)
+    assert slow.fast_window_s is None
     assert over == {"repartition_scope": RepartitionScope.NODE}
     # everything else about the world stays as asked
-    assert (kube.step_s, kube.start_delay_s, kube.repartition_delay_s) == (5.0, 30.0, 180.0)
-    with pytest.raises(SimError, match="backend: must be one of sim, kubernetes, got 'slurm'"):
+    assert (slow.step_s, slow.start_delay_s, slow.repartition_delay_s) == (5.0, 30.0, 180.0)
+    with pytest.raises(SimError, match="backend: must be one of sim, kubernetes, kubernetes-no-fast, got 'slurm'"):
         backend_world("slurm", base)
 
 
@@ -623,7 +626,7 @@ def test_cli_simulate_backend_kubernetes_reaches_migscale_only(tmp_path, monkeyp
     (tmp_path / "t.csv").write_text(f"t_s,model,rps\n0,{name},5\n600,{name},5\n")
     args = [str(tmp_path / "models.yaml"), str(tmp_path / "cluster.yaml"), str(tmp_path / "t.csv")]
     res = CliRunner().invoke(app, ["simulate", *args, "--backend", "slurm"])
-    assert res.exit_code == 2 and "--backend: must be one of sim, kubernetes, got 'slurm'" in res.output
+    assert res.exit_code == 2 and "--backend: must be one of sim, kubernetes, kubernetes-no-fast, got 'slurm'" in res.output
     seen: dict[str, tuple] = {}
     real = run_mod.simulate
 
@@ -632,11 +635,16 @@ def test_cli_simulate_backend_kubernetes_reaches_migscale_only(tmp_path, monkeyp
         return real(models_cfg, cluster_cfg, trace, policy_name, step_s, **kw)
 
     monkeypatch.setattr(run_mod, "simulate", spy)
-    res = CliRunner().invoke(app, ["simulate", *args, "--policy", "all", "--backend", "kubernetes",
+    res = CliRunner().invoke(app, ["simulate", *args, "--policy", "all", "--backend", "kubernetes-no-fast",
                                    "--warmup-s", "60"])
     assert res.exit_code == 0, res.output
     assert seen["migscale"] == (None, {"repartition_scope": RepartitionScope.NODE})
     assert all(v == (None, None) for k, v in seen.items() if k != "migscale") and len(seen) == len(POLICIES)
+    seen.clear()
+    res = CliRunner().invoke(app, ["simulate", *args, "--policy", "migscale", "--backend", "kubernetes",
+                                   "--warmup-s", "60"])
+    assert res.exit_code == 0, res.output
+    assert seen["migscale"] == (SimConfig().fast_window_s, {"repartition_scope": RepartitionScope.NODE})
     seen.clear()
     res = CliRunner().invoke(app, ["simulate", *args, "--policy", "migscale", "--warmup-s", "60"])
     assert res.exit_code == 0, res.output

@@ -214,6 +214,20 @@ def pod_state(pod: Obj) -> ReplicaState:
     return ReplicaState.READY if is_ready(pod) else ReplicaState.STARTING
 
 
+def metrics_url(pod: Obj) -> str | None:
+    """``http://<pod IP>:<port>/metrics`` for a pod's container port named ``metrics``
+    (Triton's, 8002 in the rendered Deployments); None while it has no IP or no such port."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for port in c.get("ports") or []:
+            if port.get("name") == "metrics" and port.get("containerPort"):
+                host = f"[{ip}]" if ":" in ip else ip  # an IPv6 pod IP goes in brackets
+                return f"http://{host}:{int(port['containerPort'])}/metrics"
+    return None
+
+
 def _holds(by_id: dict[str, GpuState], node: str, spot: tuple[str, int], profile: str) -> bool:
     """Whether GPU ``spot[0]`` is on ``node`` and has an instance of ``profile`` at start ``spot[1]``."""
     g = by_id.get(spot[0])
@@ -279,6 +293,22 @@ class KubeInventory:
             out.extend(hit[1])
         for gone in set(self._gpus) - seen:
             del self._gpus[gone]
+        return out
+
+    def metrics_targets(self) -> dict[str, tuple[str, str]]:
+        """``{pod: (model, metrics URL)}`` for every Ready, not terminating pod migscale runs
+        (a multinode group's leader only: its Triton serves the group): the fast scrape's
+        targets. Named as the snapshot names replicas, so both read the same pods."""
+        out: dict[str, tuple[str, str]] = {}
+        for pod in self.pods.items():
+            meta = pod["metadata"]
+            lbls = meta.get("labels") or {}
+            model = lbls.get(MODEL_LABEL)
+            if not model or meta.get("deletionTimestamp") or lbls.get(LWS_WORKER_INDEX, "0") != "0":
+                continue
+            url = metrics_url(pod) if is_ready(pod) else None
+            if url is not None:
+                out[meta["name"]] = (model, url)
         return out
 
     def snapshot(self) -> ClusterState:
