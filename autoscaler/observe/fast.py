@@ -28,7 +28,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from autoscaler.observe.scrape import ScrapeSource, Targets
@@ -48,20 +49,33 @@ class FastScrape:
     ``workers`` > 1 scrapes the targets side by side on a pool of that many threads
     over one keep-alive HTTP client: what a controller with hundreds of pods needs to
     finish a round in well under its 1 s interval (each fetch may take ``timeout_s``).
+    ``max_duty`` < 1 bounds the share of the time rounds take: a round of d seconds puts
+    the next one ``d / max_duty`` after its start, and the rates are then read over that
+    longer span -- a fleet of thousands of pods gets signals every few seconds instead
+    of a controller whose ticks wait for the scrape.
     """
 
     def __init__(self, targets: Targets, window_s: float = 3.0, stale_s: float = 3.0, timeout_s: float = 0.5,
-                 fetch=None, min_span_s: float = 1.0, workers: int = 1, interval_s: float = 1.0) -> None:
+                 fetch=None, min_span_s: float = 1.0, workers: int = 1, interval_s: float = 1.0,
+                 max_duty: float = 1.0, timer: Callable[[], float] = time.perf_counter,
+                 proxy: str | None = None) -> None:
         if not (math.isfinite(window_s) and window_s > 0):
             raise ValueError(f"window_s: must be > 0, got {window_s!r}")
         if workers < 1:
             raise ValueError(f"workers: must be >= 1, got {workers!r}")
+        if not 0 < max_duty <= 1:
+            raise ValueError(f"max_duty: must be in (0, 1], got {max_duty!r}")
         self.window_s = window_s
         # The shortest span a model's rates are read over: the idle hook's scrape
         # interval. Less is two scrapes a moment apart (a tick's own right after the hook's).
         self.min_span_s = min_span_s
         self.stale_s = stale_s
         self.interval_s = interval_s
+        # the share of the time the rounds may take: a round of d seconds puts the next one
+        # d / max_duty after this one's start, however often the hook asks
+        self.max_duty = max_duty
+        self.timer = timer
+        self.gap_s = interval_s  # seconds from this round's start to the next's
         self._client = None
         self._pool: ThreadPoolExecutor | None = None
         if workers > 1:
@@ -69,7 +83,10 @@ class FastScrape:
             if fetch is None:
                 import httpx
 
-                self._client = httpx.Client(timeout=timeout_s, limits=httpx.Limits(
+                # Pods reach pods without a proxy (the cluster's network model), and NO_PROXY cannot
+                # name a pod CIDR for httpx: the environment's proxy settings are not used. ``proxy``
+                # is for a controller outside the pod network (and the emulated one in the tests).
+                self._client = httpx.Client(timeout=timeout_s, trust_env=False, proxy=proxy, limits=httpx.Limits(
                     max_connections=workers, max_keepalive_connections=workers))
                 fetch = self._client_fetch
         self._src = ScrapeSource(targets, window_s=window_s, long_window_s=2 * window_s, metrics_stale_s=stale_s,
@@ -77,7 +94,8 @@ class FastScrape:
         self._lock = threading.Lock()
         self._sampled_at: float | None = None
         # the last round, for status: when, how many targets, how many failed, the first failure
-        self.last: dict[str, object] = {"t_s": None, "targets": 0, "failures": 0, "error": None}
+        self.last: dict[str, object] = {"t_s": None, "targets": 0, "failures": 0, "error": None, "round_s": None,
+                                        "next_in_s": None}
 
     def _client_fetch(self, url: str, timeout_s: float) -> str:
         r = self._client.get(url, timeout=timeout_s)  # type: ignore[union-attr]
@@ -88,15 +106,21 @@ class FastScrape:
         """Scrape every replica once (failures only leave a gap: the model goes without)."""
         notes: list[str] = []
         with self._lock:
+            t0 = self.timer()
             n, failures = self._src.scrape(now_s, notes)
+            took = self.timer() - t0
             self._sampled_at = now_s
-        self.last = {"t_s": now_s, "targets": n, "failures": failures, "error": notes[0][:300] if notes else None}
+            self.gap_s = max(self.interval_s, took / self.max_duty)
+            # rounds further apart stay usable: a model's last scrape is stale only after two gaps
+            self._src.metrics_stale_s = max(self.stale_s, 2.0 * self.gap_s)
+        self.last = {"t_s": now_s, "targets": n, "failures": failures, "error": notes[0][:300] if notes else None,
+                     "round_s": round(took, 4), "next_in_s": round(self.gap_s, 3)}
 
     def sample_if_due(self, now_s: float) -> bool:
-        """``sample`` when ``interval_s`` has passed since the last round (an idle hook called
-        more often than the interval, as a driver slicing its wait in halves is)."""
+        """``sample`` when the gap since the last round has passed (``interval_s``, or more where
+        ``max_duty`` stretches it), for an idle hook called more often than that."""
         # a hair early counts: a hook called every 0.5 s must not slip to every 1.5 s
-        if self._sampled_at is not None and now_s - self._sampled_at < 0.9 * self.interval_s:
+        if self._sampled_at is not None and now_s - self._sampled_at < 0.9 * self.gap_s:
             return False
         self.sample(now_s)
         return True
@@ -113,7 +137,8 @@ class FastScrape:
         than ``min_span_s`` are absent."""
         out: dict[str, FastSignals] = {}
         with self._lock:
-            windows = self._src.model_windows(now_s, self.window_s)
+            # rounds stretched apart (``max_duty``) are read over as long as they are apart
+            windows = self._src.model_windows(now_s, max(self.window_s, 2.0 * self.gap_s))
         for model, mw in windows.items():
             if mw.span_s < self.min_span_s:
                 continue  # scrapes a moment apart: a rate over them is noise, not a signal
@@ -145,11 +170,16 @@ class FastScrape:
 
 
 class WithFast:
-    """A ``MetricsSource``: the wrapped source's signals, each model's with ``fast`` attached."""
+    """A ``MetricsSource``: the wrapped source's signals, each model's with ``fast`` attached.
 
-    def __init__(self, inner, fast: FastScrape) -> None:
+    ``fresh_each_read``: the tick scrapes once more for itself (a few local replicas: the
+    freshest signals for a few milliseconds); False takes the idle hook's last round unless
+    one is due (hundreds of pods: a round is not added to every tick)."""
+
+    def __init__(self, inner, fast: FastScrape, fresh_each_read: bool = True) -> None:
         self.inner = inner
         self.fast = fast
+        self.fresh_each_read = fresh_each_read
 
     @property
     def last_notes(self) -> tuple[str, ...]:
@@ -164,7 +194,10 @@ class WithFast:
     def read(self, models: Sequence[str], replicas: Sequence[str], now_s: float
              ) -> tuple[Mapping[str, ModelSignals | None], Mapping[str, ReplicaSignals]]:
         sigs, reps = self.inner.read(models, replicas, now_s)
-        self.fast.sample(now_s)  # the freshest scrape for this very tick
+        if self.fresh_each_read:
+            self.fast.sample(now_s)  # the freshest scrape for this very tick
+        else:
+            self.fast.sample_if_due(now_s)
         fast = self.fast.signals(now_s)
         out: dict[str, ModelSignals | None] = {}
         for m, s in sigs.items():

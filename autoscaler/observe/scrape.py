@@ -47,6 +47,7 @@ COUNTERS = (
 )
 PENDING = "nv_inference_pending_request_count"
 SUMMARY = "nv_inference_request_summary_us"
+_WANTED = (*COUNTERS, PENDING, SUMMARY)  # name prefixes: a counter's _total, a summary's _count and _sum
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,15 @@ def parse_exposition(text: str, model: str, t_s: float) -> Scrape:
     counters: dict[str, float] = {}
     pending: float | None = None
     quantiles: dict[float, float] = {}
+    # Only the families read below go to the parser: Triton's exposition also carries GPU,
+    # CPU, memory and cache families, and parsing is most of a scrape's cost (the
+    # Kubernetes controller parses every pod's, every second).
+    # With none of them the whole text is parsed: a page that is no exposition at all (an
+    # error page, the wrong port) is a failed scrape, not a replica without series.
+    kept = [ln for ln in text.splitlines()
+            if ln.startswith(_WANTED) or (ln.startswith("# TYPE ") and ln[7:].startswith(_WANTED))]
     try:
-        families = list(text_string_to_metric_families(text))
+        families = list(text_string_to_metric_families("\n".join(kept) + "\n" if kept else text))
     except Exception as exc:  # the parser raises ValueError/IndexError on garbage
         raise ParseError(f"unparseable exposition: {exc}") from exc
     for fam in families:

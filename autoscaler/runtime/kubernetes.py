@@ -165,7 +165,7 @@ class KubernetesController:
         # the burst layer's 1 s scrape of the pods, beside Prometheus (None: Prometheus alone)
         self.fast = fast
         if fast is not None:
-            source = WithFast(source, fast)
+            source = WithFast(source, fast, fresh_each_read=False)  # the idle hook's rounds serve the tick
         # full garbage collections between ticks (installed by ``run``: a process-wide setting)
         self.collector = collector
         self.dry_run = dry_run  # observe and decide, never write (the client refuses every write too)

@@ -315,6 +315,7 @@ def test_cli_refuses_plain_http_without_insecure_flag(configs):
             ["--insecure-http", "--requestheader-allowed-names", "front-proxy-client"],
             "--requestheader-allowed-names: needs --client-ca",
         ),
+        (["--fast-scrape-proxy", "10.0.0.1:3128"], "--fast-scrape-proxy: an http:// or https:// URL, got '10.0.0.1:3128'"),
     ],
 )
 def test_cli_bad_options_exit_2_naming_the_option(configs, args, message):

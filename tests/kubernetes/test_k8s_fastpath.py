@@ -12,7 +12,6 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import httpx
 from emulated import EmulatedCluster
 from gpu_operator import gpu_node
 from loadprom import LoadPrometheus
@@ -104,16 +103,11 @@ def test_a_step_in_load_wakes_a_tick_before_the_cadence_and_it_scales_up(tmp_pat
     cluster.fake.put_object(gpu_node("node-0", {"1g.10gb": 7}, config="all-1g.10gb"), manager="kubelet")
     prom = LoadPrometheus(cluster.fake, {"resnet": {"1g.10gb": 58.0}}, lambda t: {"resnet": level["rps"]})
 
-    def through_the_pod_network(url: str, timeout_s: float) -> str:
-        # the pod's IP is reached through the emulated network (the proxy), with the real client
-        r = httpx.get(url, proxy=prom.url, timeout=timeout_s)
-        r.raise_for_status()
-        return r.text
-
     clock = WallClock()
     be = build_backend(model_specs(models_cfg, cluster_cfg), cluster_cfg, host=cluster.url, identity="ctl",
                        lease_namespace="default", clock=clock)
-    fast = FastScrape(be.inventory.metrics_targets, fetch=through_the_pod_network, workers=4)
+    # the controller's own client, reaching each pod's IP through the emulated pod network (the proxy)
+    fast = FastScrape(be.inventory.metrics_targets, workers=4, max_duty=0.25, proxy=prom.url)
     ticks: list[tuple[float, bool, int]] = []  # (began, woken early, resnet creates)
     early_before = [0]
 

@@ -136,7 +136,8 @@ def test_a_pool_of_workers_reads_the_same_rates_and_counts_a_pod_that_does_not_a
             serial.sample(t)
         assert pooled.signals(103.0)["resnet"] == serial.signals(103.0)["resnet"]
         assert pooled.signals(103.0)["resnet"].completed_rps == pytest.approx(100.0 * 21)
-        assert pooled.last == {"t_s": 103.0, "targets": 6, "failures": 0, "error": None}
+        assert {k: pooled.last[k] for k in ("t_s", "targets", "failures", "error")} == {
+            "t_s": 103.0, "targets": 6, "failures": 0, "error": None}
         pages.down = {"u2"}
         pooled.sample(104.0)
         assert pooled.last["targets"] == 6 and pooled.last["failures"] == 1
@@ -157,4 +158,28 @@ def test_an_idle_hook_faster_than_the_interval_scrapes_once_a_second():
 
 def test_workers_below_one_are_refused():
     with pytest.raises(ValueError, match="workers: must be >= 1, got 0"):
-        FastScrape(lambda: {}, workers=0)
+        FastScrape(dict, workers=0)
+
+
+def test_rounds_that_take_long_come_further_apart_and_stay_usable():
+    """``max_duty`` 0.25: a round of 2 s puts the next 8 s after it (the controller keeps
+    three quarters of the time), and the model's signals are not stale in between."""
+    pages = Pages()
+    # the timer is read at each round's start and end: the first round takes 0.01 s, the second 2 s
+    timer = iter([0.0, 0.01, 5.0, 7.0, 20.0, 20.01]).__next__
+    fs = FastScrape(lambda: {"r1": ("resnet", "u1")}, fetch=pages.fetch, max_duty=0.25, timer=timer)
+    pages.text = {"u1": expo(0, 0, 0, 0)}
+    assert fs.sample_if_due(0.0)
+    assert fs.gap_s == 1.0  # a quick round: every second
+    pages.text = {"u1": expo(100, 0, 0, 0)}
+    assert fs.sample_if_due(1.0)
+    assert fs.gap_s == 8.0 and fs.last["next_in_s"] == 8.0
+    # 6 s after that round the model still has its signals (stale only after two gaps)
+    assert fs.signals(7.0)["resnet"].completed_rps == pytest.approx(100.0)
+    pages.text = {"u1": expo(800, 0, 0, 0)}
+    assert [t for t in (2.0, 4.0, 6.0, 8.0, 9.0) if fs.sample_if_due(t)] == [9.0]  # 8 s after 1.0
+    # a quick round again: back to every second; the rate is over the 8 s between the rounds
+    assert fs.gap_s == 1.0
+    assert fs.signals(10.0)["resnet"].completed_rps == pytest.approx(700 / 8.0)
+    with pytest.raises(ValueError, match="max_duty"):
+        FastScrape(dict, max_duty=0.0)

@@ -289,3 +289,15 @@ def test_an_idle_window_has_a_zero_rate_but_no_latency():
     assert s.request_rate == 0 and s.success_rate == 0
     assert s.avg_queue_ms is None and s.avg_compute_ms is None
     assert s.p99_ms is None and s.avg_batch is None
+
+
+def test_families_the_scrape_does_not_read_are_not_parsed_or_judged():
+    """Triton's GPU, CPU and memory families go unread: a malformed line among them does not
+    fail the scrape (only the request families are parsed, which is most of a scrape's cost)."""
+    from autoscaler.observe.scrape import parse_exposition
+
+    text = expo(success=120) + 'nv_gpu_utilization{gpu_uuid="GPU-0"} this-is-no-number\n'
+    sc = parse_exposition(text, "resnet", 5.0)
+    assert sc.counters["nv_inference_request_success"] == 120
+    with pytest.raises(Exception, match="unparseable"):
+        parse_exposition('nv_gpu_utilization{gpu_uuid="GPU-0"} this-is-no-number\n', "resnet", 5.0)

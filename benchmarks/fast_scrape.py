@@ -1,0 +1,184 @@
+"""What the Kubernetes controller's 1 s pod scrape costs as the fleet grows.
+
+``migscale controller`` scrapes every Ready Triton pod at its IP each second for
+the burst layer (``observe/fast.py``): 16 fetches side by side over one
+keep-alive client, and rounds that take at most a quarter of the time
+(``max_duty`` 0.25), so a large fleet's rounds come further apart instead of
+taking the CPU its ticks need. This measures, per fleet size, side by side in
+one run:
+
+- ``serial``: one fetch after another over one keep-alive client;
+- ``pooled``: the controller's form (16 workers, ``max_duty`` 0.25);
+
+both with every pod answering, and at ``--silent-at`` pods also with 5% of
+them silent (a pod that accepts the connection and never answers, as a hung
+Triton does: each costs the 0.5 s timeout). For each: a round's wall time and
+this process's CPU seconds per round (median of ``--rounds``), the gap to the
+next round that ``max_duty`` sets (``pooled`` only), and so the share of one
+core the scrape takes at that pace. ``ratio`` is serial / pooled wall time.
+
+The pods are emulated: a child process serves, for every pod IP, a one-model
+Triton exposition of 69 lines (the request counters, the latency summary, the
+GPU, CPU and pinned-memory gauges a real Triton exports), as an HTTP proxy
+(``FastScrape(proxy=...)``, the controller's ``--fast-scrape-proxy``), so every request stays on loopback; its counters move on
+between rounds. One server process answering for thousands of pods is slower
+than thousands of Tritons would be, so the wall times are upper bounds; the
+controller's CPU per round is the figure that carries over.
+
+Run: ``flock /tmp/migscale-heavy.lock nice -n 10 .venv/bin/python benchmarks/fast_scrape.py``
+Prints one JSON object and writes ``benchmarks/results/fast_scrape.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "benchmarks" / "results"
+
+COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
+            "nv_inference_exec_count", "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
+            "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
+            "nv_inference_compute_output_duration_us")
+GAUGES = ("nv_gpu_utilization", "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes", "nv_gpu_power_usage",
+          "nv_gpu_power_limit", "nv_energy_consumption", "nv_cpu_utilization", "nv_cpu_memory_total_bytes",
+          "nv_cpu_memory_used_bytes", "nv_pinned_memory_pool_total_bytes", "nv_pinned_memory_pool_used_bytes")
+
+
+def exposition(model: str, served: float) -> str:
+    lbl = f'model="{model}",version="1"'
+    lines: list[str] = []
+    for c in COUNTERS:
+        lines += [f"# HELP {c} Triton's {c}", f"# TYPE {c} counter", f"{c}{{{lbl}}} {served * 1000.0:.1f}"]
+    lines += ["# TYPE nv_inference_pending_request_count gauge", f"nv_inference_pending_request_count{{{lbl}}} 2"]
+    lines += ["# TYPE nv_inference_request_summary_us summary"]
+    lines += [f'nv_inference_request_summary_us{{{lbl},quantile="{q}"}} 4000' for q in (0.5, 0.9, 0.95, 0.99)]
+    lines += [f"nv_inference_request_summary_us_count{{{lbl}}} {served:.0f}",
+              f"nv_inference_request_summary_us_sum{{{lbl}}} {served * 4000:.0f}"]
+    for g in GAUGES:
+        lines += [f"# HELP {g} Triton's {g}", f"# TYPE {g} gauge", f'{g}{{gpu_uuid="GPU-0"}} 1.0']
+    return "\n".join(lines) + "\n"
+
+
+def pod_ip(i: int) -> str:
+    return f"10.244.{i // 250}.{i % 250 + 2}"
+
+
+def network(conn, pods: int, silent: int = 0) -> None:
+    """The child process: every pod's Triton, behind one HTTP proxy on loopback; the first
+    ``silent`` pods never answer (the scraper's timeout ends each fetch)."""
+    start = time.monotonic()
+    model_of = {pod_ip(i): f"m{i % 200}" for i in range(pods)}
+    hung = {pod_ip(i) for i in range(silent)}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as Triton's server keeps it
+
+        def do_GET(self) -> None:
+            host = self.path.split("//", 1)[-1].split(":", 1)[0]
+            model = model_of.get(host)
+            if host in hung:
+                time.sleep(5.0)  # far past any scraper's timeout
+                return
+            if model is None:
+                self.send_error(502)
+                return
+            body = exposition(model, 50.0 * (time.monotonic() - start)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a) -> None:
+            pass
+
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 128  # a listen backlog for 16 connections opened at once (the default is 5)
+
+    srv = Server(("127.0.0.1", 0), Handler)
+    srv.daemon_threads = True
+    conn.send(srv.server_address[1])
+    srv.serve_forever(poll_interval=0.1)
+
+
+def measure(pods: int, port: int, rounds: int, timeout_s: float = 0.5) -> dict:
+    import httpx
+
+    from autoscaler.observe.fast import FastScrape
+
+    targets = {f"pod-{i}": (f"m{i % 200}", f"http://{pod_ip(i)}:8002/metrics") for i in range(pods)}
+    out: dict[str, dict] = {}
+    proxy = f"http://127.0.0.1:{port}"
+    client = httpx.Client(timeout=timeout_s, trust_env=False, proxy=proxy)
+
+    def serial_fetch(url: str, timeout_s: float) -> str:
+        r = client.get(url, timeout=timeout_s)
+        r.raise_for_status()
+        return r.text
+
+    forms = {"serial": FastScrape(lambda: targets, fetch=serial_fetch, timeout_s=timeout_s),
+             "pooled": FastScrape(lambda: targets, workers=16, max_duty=0.25, timeout_s=timeout_s, proxy=proxy)}
+    try:
+        for name, fs in forms.items():
+            walls, cpus, fails = [], [], 0
+            for k in range(rounds + 1):
+                c0, w0 = time.process_time(), time.perf_counter()
+                fs.sample(float(k))
+                w, c = time.perf_counter() - w0, time.process_time() - c0
+                fails += int(fs.last["failures"])
+                if k:  # the first round opens the connections
+                    walls.append(w)
+                    cpus.append(c)
+            wall, cpu = statistics.median(walls), statistics.median(cpus)
+            gap = max(1.0, wall / 0.25) if name == "pooled" else max(1.0, wall)
+            out[name] = {"round_wall_s": round(wall, 4), "round_cpu_s": round(cpu, 4),
+                         "every_s": round(gap, 2), "core_share": round(cpu / gap, 3), "failures": fails,
+                         "models_with_signals": len(fs.signals(float(rounds)))}
+    finally:
+        for fs in forms.values():
+            fs.close()
+        client.close()
+    out["ratio_serial_over_pooled_wall"] = round(out["serial"]["round_wall_s"] / out["pooled"]["round_wall_s"], 2)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pods", default="50,200,500,1000,2000", help="fleet sizes, comma-separated")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--silent-at", type=int, default=200, help="the fleet size also run with 5%% of pods silent")
+    ap.add_argument("--out", default=str(RESULTS / "fast_scrape.json"))
+    args = ap.parse_args(argv)
+    sizes = [int(x) for x in args.pods.split(",")]
+    result: dict = {"pods": {}, "silent_5pct": {}}
+    runs = [(n, 0, result["pods"]) for n in sizes]
+    runs.append((args.silent_at, max(1, args.silent_at // 20), result["silent_5pct"]))
+    for n, silent, into in runs:
+        parent, child = mp.Pipe()
+        proc = mp.get_context("fork").Process(target=network, args=(child, n, silent), daemon=True)
+        proc.start()
+        try:
+            port = parent.recv()
+            into[str(n)] = measure(n, port, args.rounds)
+        finally:
+            proc.terminate()
+            proc.join(10)
+    result["note"] = ("wall times are upper bounds (one emulated server answers for every pod); the "
+                      "controller's CPU per round carries over")
+    text = json.dumps(result, indent=2)
+    Path(args.out).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
