@@ -42,6 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 RESULTS = ROOT / "benchmarks" / "results"
 
 COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
@@ -172,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             proc.terminate()
             proc.join(10)
+    from generalization import code_fingerprint
+
+    result["code"] = code_fingerprint()  # the source hash the figures belong to
     result["note"] = ("wall times are upper bounds (one emulated server answers for every pod); the "
                       "controller's CPU per round carries over")
     text = json.dumps(result, indent=2)

@@ -30,8 +30,8 @@ class SimConfig:
     # The burst layer's direct scrape of the replicas (every 1-2 s on a real
     # backend): the last ``fast_window_s`` of history, ``fast_delay_s`` late.
     # One 5 s step is the simulator's resolution, so the freshest fast sample
-    # covers the step that just ended. None: the backend has no fast path
-    # (Kubernetes through Prometheus) and ``read`` reports no fast signals.
+    # covers the step that just ended. None: the backend runs without one
+    # (``migscale controller --no-fast-scrape``) and ``read`` reports no fast signals.
     fast_window_s: float | None = 5.0
     fast_delay_s: float = 0.0
     # A request queued longer than this is dropped (client/Triton timeout): it

@@ -94,21 +94,15 @@ class LoadPrometheus:
 
             def do_GET(self) -> None:
                 url = urllib.parse.urlparse(self.path)
-                if url.hostname and url.path == "/metrics":
-                    # a proxy's request (absolute URI) for a pod's own Triton: the pod network
-                    pod = owner.pod_at(url.hostname)
-                    if pod is None:  # no Ready pod there: what a proxy answers when the connect fails
-                        self.send_error(502, f"no pod at {url.hostname}")
-                        return
-                    body = owner.exposition(pod).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Type", "text/plain; version=0.0.4")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                    return
                 if url.path == "/metrics":
-                    body = owner.exposition().encode()
+                    pod = None
+                    if url.hostname:
+                        # a proxy's request (absolute URI) for a pod's own Triton: the pod network
+                        pod = owner.pod_at(url.hostname)
+                        if pod is None:  # no Ready pod there: what a proxy answers when the connect fails
+                            self.send_error(502, f"no pod at {url.hostname}")
+                            return
+                    body = owner.exposition(pod).encode()
                     self.send_response(200)
                     self.send_header("Content-Type", "text/plain; version=0.0.4")
                     self.send_header("Content-Length", str(len(body)))
