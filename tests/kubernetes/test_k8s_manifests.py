@@ -257,3 +257,22 @@ def test_crd_validation_can_fail():
     pm = docs(ROOT / "examples/monitors.yaml")[0]
     pm["spec"]["podMetricsEndpoints"][0]["interval"] = "15 seconds"
     assert validate_crd_object(pm)
+
+
+def test_the_fast_scrape_policy_admits_the_controller_to_the_pods_migscale_renders():
+    """Its selectors match the labels migscale renders on Triton pods and the controller
+    Deployment's pods, on the port the pods name ``metrics``; and ``apply -k`` of the examples
+    leaves it out (applied to a namespace without a policy it would isolate those pods)."""
+    from autoscaler.act.kubernetes.render import labels
+
+    pol = docs(ROOT / "examples/networkpolicy-fast-scrape.yaml")[0]
+    triton = labels("resnet", "1g.10gb")
+    assert pol["spec"]["podSelector"]["matchLabels"].items() <= triton.items()
+    (rule,) = pol["spec"]["ingress"]
+    (peer,) = rule["from"]
+    ns = docs(ROOT / "base/namespace.yaml")[0]["metadata"]["name"]
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": ns}
+    deploy = next(d for d in docs(ROOT / "base/deployment.yaml") if d["kind"] == "Deployment")
+    assert peer["podSelector"]["matchLabels"].items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert "networkpolicy-fast-scrape.yaml" not in yaml.safe_load((ROOT / "examples/kustomization.yaml").read_text())["resources"]
