@@ -586,3 +586,32 @@ def test_a_due_full_collection_runs_in_the_wait_between_ticks_never_in_a_tick(fa
         gc.callbacks.remove(seen)
         ctl.close()
     assert gc.get_freeze_count() == 0  # close gives the interpreter its settings back
+
+
+@pytest.mark.parametrize(("flags", "built"), [([], True), (["--no-fast-scrape"], False)])
+def test_cli_runs_the_pods_fast_scrape_unless_told_not_to(fake, configs, monkeypatch, flags, built):
+    """The controller's loop gets the 1 s pod scrape by default (16 at a time, a quarter of the
+    time at most, never through the environment's proxy); ``--no-fast-scrape`` leaves it out."""
+    import autoscaler.commands.controller as command
+    import autoscaler.runtime.kubernetes as runtime
+
+    fake.put_object(gpu_node("node-a", {"1g.10gb": 7}, config="all-1g.10gb"))
+    seen: dict = {}
+
+    class Spy(runtime.KubernetesController):
+        def __init__(self, *a, **kw) -> None:
+            seen["fast"] = kw.get("fast")
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(runtime, "KubernetesController", Spy)
+    monkeypatch.setattr(command, "_serve", lambda ctl, *a: ctl.close())  # built, then stopped
+    out = CliRunner().invoke(app, ["controller", str(configs[0]), str(configs[1]), "--kube-host", fake.url,
+                                   "--prometheus", "http://127.0.0.1:9", "--insecure-http", "--no-leader-elect",
+                                   *flags])
+    assert out.exit_code == 0, out.output
+    fast = seen["fast"]
+    assert (fast is not None) is built
+    if built:
+        assert fast.max_duty == 0.25 and fast._pool is not None and fast._pool._max_workers == 16
+        assert fast._client is not None and fast._client._trust_env is False
+        assert fast._pool._shutdown  # closed with the controller
