@@ -130,7 +130,7 @@ def measure(pods: int, port: int, rounds: int, timeout_s: float = 0.5) -> dict:
              "pooled": FastScrape(lambda: targets, workers=16, max_duty=0.25, timeout_s=timeout_s, proxy=proxy)}
     try:
         for name, fs in forms.items():
-            walls, cpus, fails = [], [], 0
+            walls, cpus, gaps, fails = [], [], [], 0
             for k in range(rounds + 1):
                 c0, w0 = time.process_time(), time.perf_counter()
                 fs.sample(float(k))
@@ -139,8 +139,8 @@ def measure(pods: int, port: int, rounds: int, timeout_s: float = 0.5) -> dict:
                 if k:  # the first round opens the connections
                     walls.append(w)
                     cpus.append(c)
-            wall, cpu = statistics.median(walls), statistics.median(cpus)
-            gap = max(1.0, wall / 0.25) if name == "pooled" else max(1.0, wall)
+                    gaps.append(fs.gap_s)  # when the scraper itself would run the next round
+            wall, cpu, gap = statistics.median(walls), statistics.median(cpus), statistics.median(gaps)
             out[name] = {"round_wall_s": round(wall, 4), "round_cpu_s": round(cpu, 4),
                          "every_s": round(gap, 2), "core_share": round(cpu / gap, 3), "failures": fails,
                          "models_with_signals": len(fs.signals(float(rounds)))}

@@ -66,11 +66,14 @@ def ready_capacity(specs: Iterable[ModelSpec], replicas: Sequence[Any]) -> dict[
     nothing yet): what the run loop's burst check compares arrivals with between
     ticks. ``replicas``: anything with ``id``, ``model``, ``profile`` and ``state``
     (the snapshot's, or the local cluster's own records). Models with none are absent."""
+    ready: dict[str, list[Any]] = {}  # one pass over the replicas, not one per model
+    for r in replicas:
+        if r.state is ReplicaState.READY:
+            ready.setdefault(r.model, []).append(r)
     out: dict[str, float] = {}
     for spec in specs:
-        n, cap, _known = _counted(spec, replicas, (ReplicaState.READY,))
-        if n:
-            out[spec.name] = cap
+        if spec.name in ready:
+            out[spec.name] = _counted(spec, ready[spec.name], (ReplicaState.READY,))[1]
     return out
 
 
