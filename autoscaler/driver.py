@@ -120,6 +120,9 @@ class Driver:
         self.last_tick_s: float | None = None
         self.last_error: str | None = None
         self.early_ticks = 0  # waits ended by the wake hook
+        # while waiting: seconds left before the next tick is due, for an idle hook that
+        # must not start work it cannot finish by then (None outside a wait)
+        self.time_to_tick_s: float | None = None
         self._running = False
         self._stopped = False
         self._lock = threading.Lock()
@@ -180,7 +183,9 @@ class Driver:
             step = min(self.slice_s, remaining)
             self.clock.sleep(step)
             remaining -= step
+            self.time_to_tick_s = remaining
             self._hook("idle")
+            self.time_to_tick_s = None
             if not self.consecutive_failures and self._hook("wake") is True:
                 with self._lock:
                     self.early_ticks += 1

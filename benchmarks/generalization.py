@@ -41,7 +41,9 @@ Backend: ``--backend kubernetes`` runs the world as the Kubernetes backend sees 
 drain itself is not modelled); ``kubernetes-no-fast`` also takes away the pods'
 1 s direct scrape, so the burst layer reads the metrics window. The HPA
 baselines use neither path and run the same in every world. Default ``sim``:
-every path the simulator has (``generalization.json``).
+every path the simulator has (``generalization.json``). ``--fast-gap S`` spaces
+the direct scrape's rounds S seconds apart (``slower_rounds``), as the Kubernetes
+controller's are on a fleet of hundreds of pods (``generalization-kubernetes-gapS.json``).
 
 Defaults: ``defaults`` records, per knob, the value the code ships, the value
 the development seeds choose by the stated rule, and the seeds that chose it.
@@ -64,6 +66,7 @@ import sys
 import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -121,7 +124,8 @@ def run_one(job: tuple) -> dict[str, Any]:
     ``shed``: every replica sheds what waited past its model's SLO (``SimConfig.shed_at_slo``,
     docs/shedding.md), for every policy alike -- a serving team's setting, not a policy's.
     ``backend``: one of ``sim.run.BACKENDS`` (``sim.run.backend_world`` says what differs)."""
-    family, seed, hours, policy, knob, max_spares, shed, backend = job
+    family, seed, hours, policy, knob, max_spares, shed, backend, *rest = job
+    fast_gap = rest[0] if rest else None
     from autoscaler.sim.cluster import SimConfig
     from autoscaler.sim.run import backend_world, simulate
 
@@ -136,12 +140,14 @@ def run_one(job: tuple) -> dict[str, Any]:
     elif policy in ("hpa-util", "hpa-queue") and knob is not None:
         kw["baseline_target"] = knob
     sim, world = backend_world(backend, SimConfig(step_s=STEP_S, shed_at_slo=shed))
+    if fast_gap is not None and sim.fast_window_s is not None:
+        sim = slower_rounds(sim, fast_gap)
     if policy == "migscale" and world:
         kw.setdefault("policy_overrides", {}).update(world)
     t0, c0 = time.perf_counter(), time.process_time()
     r = simulate(models, cluster, trace, policy, STEP_S, sim=sim, **kw)
     out = {"family": family, "seed": seed, "hours": hours, "policy": policy, "knob": knob, "max_spares": max_spares,
-           "shed": shed, "backend": backend,
+           "shed": shed, "backend": backend, **({"fast_gap_s": fast_gap} if fast_gap is not None else {}),
            "attainment": r.slo_attainment, "gpu_hours": r.gpu_hours, "slice_hours": r.slice_hours,
            "per_model": r.per_model, "errors": len(r.errors), "wall_s": round(time.perf_counter() - t0, 2),
            # CPU seconds of this process: the speed figure on a machine shared by others
@@ -151,6 +157,17 @@ def run_one(job: tuple) -> dict[str, Any]:
     elif r.timeline is not None:
         out["missed"] = missed_by_cause(r.timeline)
     return out
+
+
+def slower_rounds(sim, gap_s: float):
+    """The world where the pods' direct scrape comes every ``gap_s`` instead of every second,
+    as ``max_duty`` spaces the rounds on a large fleet (``benchmarks/fast_scrape.py``: every
+    6.6 s at 1,000 pods, 13.3 s at 2,000): ``SimConfig.fast_gap_s``. A tick reads the rates
+    between the last two rounds, as old as the last one is, and the burst layer drops them
+    past its staleness limit (10 s) as it would a real scrape's. The wake hook (a round that
+    shows a burst starts a tick at once) is not modelled: the simulator ticks on its cadence,
+    so this world is the slower rounds' worst case in that respect."""
+    return replace(sim, fast_gap_s=gap_s)
 
 
 def missed_by_cause(tl) -> dict[str, float]:
@@ -509,6 +526,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", choices=BACKENDS, default="sim",
                     help="kubernetes: a repartition drains the node, so no warm spares; kubernetes-no-fast: "
                          "that, and no fast signals (the controller's --no-fast-scrape)")
+    ap.add_argument("--fast-gap", type=float, default=None,
+                    help="seconds between the pods' direct scrapes, where the backend has them (default: every "
+                         "second, the simulator's freshest step): what slower rounds on a large fleet cost")
     ap.add_argument("--cache", default=None, help="JSONL of finished runs, reused when the code is the same")
     ap.add_argument("--out", default=str(RESULTS / "generalization.json"))
     ap.add_argument("--plot", default=str(RESULTS / "generalization-heldout.png"))
@@ -532,18 +552,24 @@ def main(argv: list[str] | None = None) -> int:
     pols = [p for p in args.policies.split(",") if p]
     finger = code_fingerprint()
 
-    jobs: list[tuple] = []  # (family, seed, hours, policy, knob, max_spares, shed, backend)
+    if args.fast_gap is not None and (not math.isfinite(args.fast_gap) or args.fast_gap < 1
+                                      or args.backend == "kubernetes-no-fast"):
+        print(f"generalization: --fast-gap {args.fast_gap!r}: seconds >= 1 between the pods' direct scrapes, "
+              f"for a backend that has them (not kubernetes-no-fast)", file=sys.stderr)
+        return 2
+    jobs: list[tuple] = []  # (family, seed, hours, policy, knob, max_spares, shed, backend, fast_gap)
     for fam in families:
         for seed in seeds:
-            jobs.append((fam, seed, args.hours, "oracle", None, None, args.shed, args.backend))
+            jobs.append((fam, seed, args.hours, "oracle", None, None, args.shed, args.backend, args.fast_gap))
             for pol in pols:
                 if pol in KNOBS:
                     _, values, default = KNOBS[pol]
                     for v in ((default,) if args.no_frontier else values):
                         jobs.append((fam, seed, args.hours, pol, v,
-                                     args.max_spares if pol == "migscale" else None, args.shed, args.backend))
+                                     args.max_spares if pol == "migscale" else None, args.shed, args.backend,
+                                     args.fast_gap))
                 else:
-                    jobs.append((fam, seed, args.hours, pol, None, None, args.shed, args.backend))
+                    jobs.append((fam, seed, args.hours, pol, None, None, args.shed, args.backend, args.fast_gap))
     cache: dict[str, dict[str, Any]] = {}
     cpath = Path(args.cache) if args.cache else None
     if cpath and cpath.exists():
@@ -607,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
                   "hours": args.hours, "models": 12, "gpus": 16, "product": "A100-SXM4-80GB", "step_s": STEP_S,
                   "reactive_bound": {"lag_s": BOUND_LAG_S, "window_s": BOUND_WINDOW_S},
                   "code": finger, "workers": args.workers, "max_spares": args.max_spares,
-                  "shed_at_slo": args.shed, "backend": args.backend},
+                  "shed_at_slo": args.shed, "backend": args.backend, "fast_gap_s": args.fast_gap},
         "defaults": defaults,
         "development_run": _dev_summary(args.chosen_from),
         "heldout": summarise(runs, held, families, pick) if held else {},

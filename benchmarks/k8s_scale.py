@@ -39,6 +39,16 @@ still starting), and with 300 s the scale-downs that undo the overshoot came
 ticks, after it otherwise -- so the "steady" figures depended on how long the
 warm-up happened to take. This benchmark measures the controller's cost at
 scale, not the HPA's wait.
+The controller is built as ``migscale controller`` builds it, with the pods'
+direct scrape on (``build_fast_scrape``: 16 fetches side by side, rounds at most
+a quarter of the time); the emulated Prometheus is also the pod network, an
+HTTP proxy that answers each Ready pod's IP with that pod's own Triton page.
+``fast_scrape`` reports each phase's rounds (wall time, the gap the duty bound
+put after them, targets, failed fetches) and the ticks a burst woke early; the
+tick parts ``fast_round`` and ``fast_signals`` are the scrape between ticks and
+the signals read in the tick and the half-second wake checks. Their CPU is in
+``steady_cpu`` / ``scale_up_cpu``. ``--no-fast-scrape`` builds it without
+(``k8s_scale-no-fast.json``): Prometheus alone, the cost side by side.
 With ``--prometheus real`` the measured phases query a real Prometheus (the
 Debian binary, scraping every 2 s the emulation's per-pod Triton series at
 ``/metrics``) instead of the emulation's own answers; it is a third process on
@@ -70,6 +80,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 EMULATION = ROOT / "tests" / "kubernetes"
 NODE_COUNTS = {"1g.10gb": 30, "2g.20gb": 6, "3g.40gb": 4}  # 4 GPUs 7x1g, 2 GPUs 3x2g+1g, 2 GPUs 2x3g
 
@@ -209,6 +220,10 @@ def main() -> None:
                     help="what the measured phases query: the emulation answering the queries itself (default), "
                          "or a real Prometheus scraping the emulation's per-pod Triton series (a third process "
                          "on the same cores; results in k8s_scale-prometheus.json)")
+    ap.add_argument("--fast-scrape", action=argparse.BooleanOptionalAction, default=True,
+                    help="the controller also scrapes every Ready pod's Triton directly, as `migscale controller` "
+                         "does by default (16 fetches side by side, rounds at most a quarter of the time), through "
+                         "the emulation's pod network; --no-fast-scrape: Prometheus alone (k8s_scale-no-fast.json)")
     ap.add_argument("--no-gc-freeze", action="store_true",
                     help="let the emulation's full garbage collections walk the whole cluster when they like "
                          "(pauses of up to 0.2 s a Go API server would not have)")
@@ -220,6 +235,9 @@ def main() -> None:
     ap.add_argument("--dump-planner-input", type=Path,
                     help="pickle the last planner call's inputs of the steady phase here (to profile the planner alone)")
     args = ap.parse_args()
+    from generalization import code_fingerprint
+
+    code = code_fingerprint()  # of the source this process loads, read before it does
     gcp = GcPauses()
     rng = random.Random(args.seed)
     models_yaml, caps, load = models(args.models, rng)
@@ -236,6 +254,7 @@ def main() -> None:
 
     from autoscaler.act.kubernetes.config import LeaseTimings, build_backend
     from autoscaler.act.kubernetes.inventory import is_ready
+    from autoscaler.commands.controller import build_fast_scrape
     from autoscaler.config import load_cluster, load_models, model_specs
     from autoscaler.observe.prometheus import PrometheusSource
     from autoscaler.observe.queries import Queries
@@ -267,8 +286,10 @@ def main() -> None:
         scrape_s = None
     src = _Switch(emulated_src)
     collector = None if args.gc_in_ticks else IdleCollector()
+    # built as `migscale controller` builds it; the emulated Prometheus is also the pod network's proxy
+    fast = build_fast_scrape(be, prom_url) if args.fast_scrape else None
     ctl = KubernetesController(be, src, mc, cc, identity="bench", decision_log=args.decision_log,
-                               collector=collector)
+                               collector=collector, fast=fast)
     assert be.elector is not None
     be.elector.start()
     while not be.elector.holds():
@@ -304,6 +325,18 @@ def main() -> None:
     timed(be.placer, "unpin", "advance_unpin")
     timed(be.workloads, "sweep", "advance_sweep")
     timed(be.placer, "ungate", "ungate")  # in advance, and per new pod in the Pod informer's thread
+    phase = ["warm_up"]
+    fast_rounds: list[dict] = []  # each round of the pods' direct scrape: its phase and ``FastScrape.last``
+    if fast is not None:
+        timed(fast, "signals", "fast_signals")  # in the tick's read and in each half-second wake check
+        timed(fast, "sample", "fast_round")  # in the idle hook, between ticks
+        counted = fast.sample
+
+        def sample(now_s: float) -> None:
+            counted(now_s)
+            fast_rounds.append({"phase": phase[0], **fast.last})
+
+        fast.sample = sample
 
     def thread_cpu() -> dict[str, float]:
         """CPU seconds so far by thread kind (the informers' threads, the lease's, the main loop...)."""
@@ -346,12 +379,15 @@ def main() -> None:
             # the rest of the period as ``Driver.run`` spends it (its idle hook: a due full
             # garbage collection runs there)
             ctl.driver.wait(max(0.0, cc.policy.tick_s - dt), lambda: False)
+            # how far past its cadence the next tick starts: a round in the idle hook that
+            # overran the wait (a wake makes the period shorter, not late)
+            late = max(0.0, time.perf_counter() - start - cc.policy.tick_s)
             # the period is over: its CPU and requests include the informers' work between ticks
             # (new pods ungated on the Pod watch's thread)
             cpu = time.process_time() - cpu0
             total, leased = be.rest.total_requests() - total0, lease() - lease0
             by = {f"{v} {res}": n for (v, res), n in (Counter(be.rest.by_resource) - by0).items() if res != "leases"}
-            out.append({"tick_s": dt, "cpu_s": cpu, "requests": total - leased, "lease": leased, "actions": len(r.actions), "by": by,
+            out.append({"tick_s": dt, "late_s": late, "cpu_s": cpu, "requests": total - leased, "lease": leased, "actions": len(r.actions), "by": by,
                         "errors": len(r.errors), "chains": len(be.rollout.chains), "held": len(r.held),
                         "pending_down": pending_down(),
                         "decide_s": ctl.loop.last_decide_s or 0.0, "t0": start, "t1": end,
@@ -392,7 +428,9 @@ def main() -> None:
     cpu0 = thread_cpu()
     falls = [be.placer.placement_fallbacks]
     phases = {"steady": [time.perf_counter()]}
+    phase[0], early = "steady", {"warm_up": ctl.driver.early_ticks}
     steady = run(args.steady_ticks)
+    early["steady"] = ctl.driver.early_ticks - early["warm_up"]
     phases["steady"].append(time.perf_counter())
     falls.append(be.placer.placement_fallbacks)
     steady_threads = cpu_since(cpu0)
@@ -413,7 +451,12 @@ def main() -> None:
         prof.enable()
     cpu0 = thread_cpu()
     phases["scale_up"] = [time.perf_counter()]
-    up = run(args.max_ticks, settled)
+    phase[0] = "scale_up"
+    # Settled only once it has acted: with the pods' direct scrape the policy reads arrivals
+    # from the last round, which shows the step only at the next one (rounds are seconds
+    # apart at this size), while the emulated Prometheus answers the new load at once.
+    up = run(args.max_ticks, lambda out: any(o["actions"] for o in out) and settled(out))
+    early["scale_up"] = ctl.driver.early_ticks - early["warm_up"] - early["steady"]
     phases["scale_up"].append(time.perf_counter())
     up_threads = cpu_since(cpu0)
     if args.profile:
@@ -435,12 +478,13 @@ def main() -> None:
 
     def parts(ticks: list[dict]) -> dict[str, float]:
         keys = ("metrics_s", "snapshot_s", "decide_s", "apply_s", "advance_s", "publish_s", "advance_repartition_s",
-                "rollout_pass_s", "advance_unpin_s", "advance_sweep_s", "ungate_s")
+                "rollout_pass_s", "advance_unpin_s", "advance_sweep_s", "ungate_s", "fast_round_s", "fast_signals_s")
         return {k[:-2]: round(statistics.median(o.get(k, 0.0) for o in ticks), 3) for k in keys}
 
     steady_req = [o["requests"] for o in steady]
     slowest = sorted(steady, key=lambda o: -o["tick_s"])[:3]
     result = {
+        "code": code,  # the source hash the figures belong to
         "cluster": {"nodes": args.nodes, "gpus": args.nodes * 8, "models": args.models, "pods": len(pods),
                     "seed": args.seed},
         "metrics_source": {"measured_phases": args.prometheus, "models_with_a_request_rate": seen,
@@ -458,6 +502,10 @@ def main() -> None:
             # tick, the informers' watch decoding and ungating between ticks, every thread).
             # On 2 cores shared with the emulated control plane (and Prometheus), wall time
             # also waits for them; this is the controller's own cost.
+            # the next tick's start past its cadence (the idle hook's work overrunning the wait)
+            "late_start": {ph: {"p50": round(pct([o["late_s"] for o in ts], 0.5), 3),
+                                "p99": round(pct([o["late_s"] for o in ts], 0.99), 3)}
+                           for ph, ts in (("steady", steady), ("scale_up", up))},
             "steady_cpu": {"p50": round(pct([o["cpu_s"] for o in steady], 0.5), 3),
                            "p99": round(pct([o["cpu_s"] for o in steady], 0.99), 3)},
             "scale_up_cpu": {"p50": round(pct([o["cpu_s"] for o in up], 0.5), 3),
@@ -468,6 +516,21 @@ def main() -> None:
             # events; migscale-events: the Event writer; lease-elector; migscale-api: the metrics API)
             "cpu_by_thread": {"steady": steady_threads, "scale_up": up_threads},
         },
+        # the pods' direct scrape (the burst layer's 1 s signals), each phase's rounds: their
+        # wall time, the gap the duty bound put after them, targets and failed fetches; and
+        # the ticks a burst woke early (``WakeOnBurst``)
+        "fast_scrape": None if fast is None else {
+            "workers": 16, "max_duty": fast.max_duty, "early_ticks": early, **{
+                ph: {"rounds": len(rs), "round_s_p50": round(pct([r["round_s"] for r in rs], 0.5), 3),
+                     "round_s_max": round(max(r["round_s"] for r in rs), 3),
+                     "gap_s_p50": round(pct([r["next_in_s"] for r in rs], 0.5), 2),
+                     "targets_max": max(r["targets"] for r in rs), "failures": sum(r["failures"] for r in rs),
+                     "first_error": next((r["error"] for r in rs if r["error"]), None)}
+                for ph in ("warm_up", "steady", "scale_up") if (rs := [r for r in fast_rounds if r["phase"] == ph])}},
+        # seconds from the load step to the end of the first tick that acted on it (the
+        # emulated Prometheus answers the new load at once; a real one's rate lags it by its
+        # scrape interval and window, which the direct scrape's rounds do not)
+        "scale_up_reaction_s": next((round(o["t1"] - phases["scale_up"][0], 2) for o in up if o["actions"]), None),
         "steady_actions": sum(o["actions"] for o in steady),
         # whether each tick called the planner, and why (same/hold: it did not)
         "replan": {"steady": dict(Counter(o["replan"] for o in steady)), "scale_up": dict(Counter(o["replan"] for o in up))},
@@ -523,7 +586,8 @@ def main() -> None:
     proc.join(timeout=30)
     text = json.dumps(result, indent=2)
     print(text)
-    out = ROOT / "benchmarks" / "results" / ("k8s_scale.json" if prom_server is None else "k8s_scale-prometheus.json")
+    name = "k8s_scale-prometheus" if prom_server is not None else "k8s_scale" if fast is not None else "k8s_scale-no-fast"
+    out = ROOT / "benchmarks" / "results" / f"{name}.json"
     if args.nodes == 1000 and args.models == 200:
         out.write_text(text + "\n")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -363,7 +363,7 @@ def register(app: typer.Typer) -> None:
             models_cfg,
             cluster_cfg,
             # one tick (--once) has one scrape, no rate: the path runs only in the loop
-            fast=_fast(kube, fast_scrape_proxy) if fast_scrape and prometheus is not None and not once else None,
+            fast=build_fast_scrape(kube, fast_scrape_proxy) if fast_scrape and prometheus is not None and not once else None,
             clock=clock,
             identity=identity,
             decision_log=decision_log,
@@ -436,7 +436,7 @@ def _source(prometheus: str | None, window_s: float, cluster_cfg: Any) -> Any:
     )
 
 
-def _fast(kube: Any, proxy: str | None) -> Any:
+def build_fast_scrape(kube: Any, proxy: str | None) -> Any:
     """The pods' direct scrape: 16 fetches side by side, so a round over a few hundred pods
     ends within its second even when some time out (0.5 s each); rounds take at most a
     quarter of the time (``max_duty``), so on a fleet of thousands of pods they come further

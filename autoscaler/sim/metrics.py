@@ -5,7 +5,8 @@ averages over ``[now - scrape_delay_s - metrics_window_s, now - scrape_delay_s]`
 from the per-step history ``SimCluster.advance`` records: what a Prometheus
 ``rate(...[30s])`` evaluated on 15 s-old samples would say. Each model's
 signals also carry ``fast``: the last step as a 1-2 s direct scrape of the
-replicas sees it (``SimConfig.fast_window_s``; None turns it off). The latency
+replicas sees it (``SimConfig.fast_window_s``; None turns it off;
+``fast_gap_s``: rounds further apart, as a large fleet's are). The latency
 quantiles cover ``latency_window_s`` (Triton's summaries: about a minute) ending at
 the same scrape, and are the quantiles of every request served in it.
 """
@@ -53,7 +54,13 @@ class SimMetrics:
         cfg = self.config
         if cfg.fast_window_s is None:
             return None
-        w = self._window(now_s, cfg.fast_delay_s, cfg.fast_window_s)
+        delay, width = cfg.fast_delay_s, cfg.fast_window_s
+        if cfg.fast_gap_s is not None and cfg.fast_gap_s > cfg.step_s and self.t:
+            # rounds every gap from the start: the rates between the last two, as old as the last
+            gap = cfg.fast_gap_s
+            last_round = self.t[0] + math.floor((now_s - delay - self.t[0]) / gap + 1e-9) * gap
+            delay, width = now_s - last_round, max(width, gap)
+        w = self._window(now_s, delay, width)
         if w is None:
             return None
         k0, k1, t_end = w

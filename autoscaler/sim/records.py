@@ -34,6 +34,14 @@ class SimConfig:
     # (``migscale controller --no-fast-scrape``) and ``read`` reports no fast signals.
     fast_window_s: float | None = 5.0
     fast_delay_s: float = 0.0
+    # Seconds between the direct scrape's rounds where they come less often than every
+    # step: the Kubernetes controller's rounds take at most a quarter of the time, so a
+    # fleet of 1,000 pods is scraped every ~7 s. A read then sees the rates between the
+    # last two rounds (a window of one gap) ending at the last round, which the rounds'
+    # schedule (every ``fast_gap_s`` from the start) puts up to a gap in the past; the
+    # burst layer's staleness rule applies to that age as to a real scrape's. None:
+    # every step (the freshest sample; a gap of up to one step is the same).
+    fast_gap_s: float | None = None
     # A request queued longer than this is dropped (client/Triton timeout): it
     # counts as an SLO miss but does not hold the queue up forever. 30 s at
     # 300 req/s caps a replica's backlog at ~9,000 requests.
@@ -61,7 +69,7 @@ class SimConfig:
     max_batch: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("fast_window_s", "latency_window_s"):
+        for name in ("fast_window_s", "latency_window_s", "fast_gap_s"):
             v = getattr(self, name)
             if v is not None and not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{name}: must be > 0 or None, got {v!r}")

@@ -25,8 +25,8 @@ A model with no Ready pod has no latency series (absent, not zero).
 
 ``/metrics`` serves the same picture as Triton's own exposition, one set of
 series per Ready pod (labels ``model``, ``version``, ``pod``; counters
-integrated between scrapes, each pod's share in proportion to its profile's
-capacity), so that a real Prometheus can scrape it and answer the very same
+integrated from one evaluation to the next at the rates the first saw, each pod's
+share in proportion to its profile's capacity), so that a real Prometheus can scrape it and answer the very same
 queries from its TSDB (``benchmarks/k8s_scale.py --prometheus real``). A
 model with no Ready pod has no series there at all: no Triton, no metrics.
 
@@ -85,12 +85,22 @@ class LoadPrometheus:
         # summary window; cleared while no Ready pod serves (a new Triton starts empty)
         self._served: dict[str, deque[tuple[float, float, float]]] = {}
         self._quantiles: dict[str, dict[float, float]] = {}  # per evaluation, filled when asked
-        self._counters: dict[tuple[str, str], dict[str, float]] = {}  # (model, pod) -> counter totals
-        self._scraped_at: float | None = None
+        # (model, pod) -> counter totals at the last evaluation, and the rates that hold from
+        # it to the next: each evaluation moves every pod's counters on by the rates of the
+        # one before (those in effect meanwhile), so a step in load counts from when an
+        # evaluation first saw it, whoever reads the counters and however seldom
+        self._counters: dict[tuple[str, str], dict[str, float]] = {}
+        self._rates: dict[tuple[str, str], dict[str, float]] = {}
+        self._model_of: dict[str, str] = {}  # Ready pod -> model, per evaluation
+        self._by_ip: dict[str, str] = {}  # pod IP -> Ready pod, per evaluation
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
             disable_nagle_algorithm = nodelay  # as FakeKube.serve
+            # keep-alive, as Triton's and Prometheus's servers: a controller's pool of 16
+            # connections scraping a thousand pods reuses them instead of connecting a
+            # thousand times a round
+            protocol_version = "HTTP/1.1"
 
             def do_GET(self) -> None:
                 url = urllib.parse.urlparse(self.path)
@@ -123,21 +133,37 @@ class LoadPrometheus:
             def log_message(self, *a: Any) -> None:
                 pass
 
-        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.srv.daemon_threads = True
+        class Server(ThreadingHTTPServer):
+            # a real server's listen backlog; the standard library's 5 drops the SYNs of a
+            # pool that opens 16 connections at once, and each waits a second to retry
+            request_queue_size = 128
+            daemon_threads = True
+
+        self.srv = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
         threading.Thread(target=self.srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def ready_pods(self) -> dict[str, list[tuple[str, str]]]:
+        return self._ready_index()[0]
+
+    def _ready_index(self) -> tuple[dict[str, list[tuple[str, str]]], dict[str, str], dict[str, str]]:
+        """The Ready pods per model as (name, profile); the model of each by name; and each
+        name by ``status.podIP``."""
         out: dict[str, list[tuple[str, str]]] = {}
+        model_of: dict[str, str] = {}
+        by_ip: dict[str, str] = {}
         for p in self.fake.view("Pod"):
             lbls = p["metadata"].get("labels") or {}
             model = lbls.get("migscale.io/model")
-            ok = any(c.get("type") == "Ready" and c.get("status") == "True"
-                     for c in (p.get("status") or {}).get("conditions") or [])
+            st = p.get("status") or {}
+            ok = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
             if model and ok and not p["metadata"].get("deletionTimestamp"):
-                out.setdefault(model, []).append((p["metadata"]["name"], lbls.get("migscale.io/profile", "").replace("_", "+")))
-        return out
+                name, prof = p["metadata"]["name"], lbls.get("migscale.io/profile", "").replace("_", "+")
+                out.setdefault(model, []).append((name, prof))
+                model_of[name] = model
+                if st.get("podIP"):
+                    by_ip[st["podIP"]] = name
+        return out, model_of, by_ip
 
     def _evaluate(self) -> tuple[float, dict[str, list[tuple[str, str]]], dict[str, dict[str, float]]]:
         """(time, Ready pods per model, per model: offered, capacity of the Ready pods,
@@ -147,14 +173,24 @@ class LoadPrometheus:
         with self._lock:
             now = time.time()
             if self._cached is None or now - self._cached[0] > self.EVAL_S:
+                if self._cached is not None:
+                    dt = now - self._cached[0]
+                    for key, rates in self._rates.items():
+                        tot = self._counters[key]
+                        for n in self.COUNTERS:
+                            tot[n] += rates[n] * dt
                 offered = self.load(now - self.start)
-                ready = self.ready_pods()
+                ready, self._model_of, self._by_ip = self._ready_index()
                 out = {}
                 for model, lam in offered.items():
                     cap = sum(self.capacity.get(model, {}).get(prof, 0.0) for _, prof in ready.get(model, []))
                     rho = lam / cap if cap else float("inf")
                     out[model] = {"offered": lam, "capacity": cap, "rho": rho, "ratio": self._ratio(rho)}
                     self._record(model, now, min(lam, cap), out[model]["ratio"])
+                # a pod gone takes its counters with it; a new one starts at 0
+                self._rates = {(m, name): self._pod_rates(out.get(m), prof, m)
+                               for m, pods in ready.items() for name, prof in pods}
+                self._counters = {k: self._counters.get(k) or dict.fromkeys(self.COUNTERS, 0.0) for k in self._rates}
                 self._cached = (now, ready, out)
                 self._quantiles = {}
             return self._cached
@@ -233,47 +269,53 @@ class LoadPrometheus:
                 "nv_inference_request_duration_us")
 
     def pod_at(self, ip: str) -> str | None:
-        """The Ready pod whose ``status.podIP`` is ``ip`` (None: nothing serves there)."""
-        ready = {name for pods in self.ready_pods().values() for name, _ in pods}
-        for p in self.fake.view("Pod"):
-            if (p.get("status") or {}).get("podIP") == ip and p["metadata"]["name"] in ready:
-                return p["metadata"]["name"]
-        return None
+        """The Ready pod whose ``status.podIP`` is ``ip`` (None: nothing serves there), as of
+        the last evaluation (at most ``EVAL_S`` old)."""
+        self._evaluate()
+        with self._lock:
+            return self._by_ip.get(ip)
+
+    def _pod_rates(self, st: Mapping[str, float] | None, prof: str, model: str) -> dict[str, float]:
+        """Each counter's rate on one Ready pod: its profile's share of what its model serves."""
+        if st is None or not st["capacity"]:
+            return dict.fromkeys(self.COUNTERS, 0.0)
+        lam, cap, ratio = st["offered"], st["capacity"], st["ratio"]
+        served = min(lam, cap)
+        share = self.capacity.get(model, {}).get(prof, 0.0) / cap
+        ok, bad, us = served * share, (lam - served) * share, self.compute_ms * 1000.0
+        return {"nv_inference_request_success": ok, "nv_inference_request_failure": bad,
+                "nv_inference_count": ok, "nv_inference_exec_count": ok,
+                "nv_inference_queue_duration_us": ok * ratio * us,
+                "nv_inference_compute_input_duration_us": 0.0,
+                "nv_inference_compute_infer_duration_us": ok * us,
+                "nv_inference_compute_output_duration_us": 0.0,
+                "nv_inference_request_duration_us": ok * (1 + ratio) * us}
 
     def exposition(self, pod: str | None = None) -> str:
         """Triton's series for every Ready pod (or only ``pod``'s, as its own Triton serves
-        them), in the text format, with every pod's counters moved on by what it served
-        since the last scrape of any kind: the totals are the same whoever reads them."""
-        now, ready, state = self._evaluate()
+        them), in the text format. The counters are the last evaluation's totals moved on by
+        its rates to this moment: the same whoever reads them, and one pod's page costs one
+        pod's work (a round over a thousand pods reads each once)."""
+        self._evaluate()
         with self._lock:
-            dt = 0.0 if self._scraped_at is None else max(0.0, now - self._scraped_at)
-            self._scraped_at = now
+            t_eval, ready, state = self._cached  # type: ignore[misc]  # as of the lock, not of a read before it
+            since = max(0.0, time.time() - t_eval)  # the evaluation's rates hold until the next one
             lines: list[str] = []
-            live: dict[tuple[str, str], dict[str, float]] = {}
-            for model, pods in sorted(ready.items()):
+            if pod is None:
+                shown = sorted(ready.items())
+            else:  # one pod's own Triton: only its model's series, only its own
+                shown = [(m, [rp for rp in ready[m] if rp[0] == pod]) for m in (self._model_of.get(pod),) if m]
+            for model, pods in shown:
                 st = state.get(model)
                 if st is None or not st["capacity"]:
                     continue
                 lam, cap, rho, ratio = st["offered"], st["capacity"], st["rho"], st["ratio"]
-                served = min(lam, cap)
-                us = self.compute_ms * 1000.0
-                lat = self.latency_ms(model, ratio)
+                lat = None
                 for name, prof in pods:
                     share = self.capacity.get(model, {}).get(prof, 0.0) / cap
-                    ok, bad = served * share, (lam - served) * share
-                    rates = {"nv_inference_request_success": ok, "nv_inference_request_failure": bad,
-                             "nv_inference_count": ok, "nv_inference_exec_count": ok,
-                             "nv_inference_queue_duration_us": ok * ratio * us,
-                             "nv_inference_compute_input_duration_us": 0.0,
-                             "nv_inference_compute_infer_duration_us": ok * us,
-                             "nv_inference_compute_output_duration_us": 0.0,
-                             "nv_inference_request_duration_us": ok * (1 + ratio) * us}
-                    tot = self._counters.get((model, name)) or dict.fromkeys(self.COUNTERS, 0.0)
-                    for n in self.COUNTERS:
-                        tot[n] += rates[n] * dt
-                    live[(model, name)] = tot
-                    if pod is not None and name != pod:
-                        continue
+                    rates, base = self._rates[(model, name)], self._counters[(model, name)]
+                    tot = {n: base[n] + rates[n] * since for n in self.COUNTERS}
+                    lat = lat or self.latency_ms(model, ratio)
                     # Triton's own labels; Prometheus adds ``pod`` from the PodMonitor's target
                     lbl = f'model="{model}",version="1"' + (f',pod="{name}"' if pod is None else "")
                     for n in self.COUNTERS:
@@ -284,7 +326,6 @@ class LoadPrometheus:
                         lines.append(f'nv_inference_request_summary_us{{{lbl},quantile="{q}"}} {lat[q] * 1000.0:.1f}')
                     if pod is None:  # DCGM's exporter, not the pod's Triton
                         lines.append(f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{pod="{name}"}} {min(1.0, rho):.4f}')
-            self._counters = live  # a pod gone takes its counters with it (a new pod starts at 0)
         return "\n".join(lines) + "\n"
 
     def close(self) -> None:

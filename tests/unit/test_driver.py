@@ -69,6 +69,18 @@ def test_a_tick_longer_than_the_cadence_leaves_one_slice_for_the_idle_hook() -> 
     assert idles[:2] == [8.0, 16.0]
 
 
+def test_the_idle_hook_knows_how_long_it_has_before_the_next_tick() -> None:
+    """Ticks of 3 s on a 5 s cadence in 1 s slices: each idle call is told the seconds left
+    of the wait (1, then 0: the tick is due), and nothing outside a wait."""
+    clock = VirtualClock()
+    loop = Scripted(clock, [], takes_s=3.0)
+    told: list[float | None] = []
+    d = Driver(loop, clock, tick_s=5.0, slice_s=1.0, hooks=Hooks(idle=lambda: told.append(d.time_to_tick_s)))
+    d.run(lambda: len(loop.at) >= 3)
+    assert told == [1.0, 0.0, 1.0, 0.0]
+    assert d.time_to_tick_s is None
+
+
 def test_a_raising_tick_is_counted_logged_and_backed_off(caplog: pytest.LogCaptureFixture) -> None:
     clock = VirtualClock()
     loop = Scripted(clock, ["raise", "raise", "raise", "ok"])

@@ -122,6 +122,35 @@ def test_with_fast_attaches_to_the_main_sources_signals_only():
     assert src.last_notes == ("n",)
 
 
+def test_a_tick_that_takes_the_idle_hooks_rounds_never_runs_one_itself():
+    """Hundreds of pods (``fresh_each_read=False``): a round takes seconds, so a tick reads the
+    idle hook's last rounds even when the next is due, and its actions do not wait for one."""
+    pages = Pages()
+    fetched: list[float] = []
+
+    def fetch(url: str, timeout_s: float) -> str:
+        fetched.append(timeout_s)
+        return pages.fetch(url, timeout_s)
+
+    fs = FastScrape(lambda: {"r1": ("resnet", "u1")}, window_s=3.0, fetch=fetch)
+    pages.text = {"u1": expo(0, 0, 0, 0)}
+    fs.sample_if_due(0.0)
+    pages.text = {"u1": expo(200, 0, 0, 0)}
+    fs.sample_if_due(1.0)
+
+    class Inner:
+        def read(self, models, replicas, now_s):
+            return {"resnet": ModelSignals(model="resnet", t_s=now_s, request_rate=80.0)}, {}
+
+    src = WithFast(Inner(), fs, fresh_each_read=False)
+    pages.text = {"u1": expo(900, 0, 0, 0)}
+    sigs, _ = src.read(["resnet"], [], 2.5)  # a round is due (1.5 s since the last)
+    assert len(fetched) == 2  # the hook's two rounds only
+    assert sigs["resnet"].fast.arrival_rps == pytest.approx(200.0)  # their rates, 1.5 s old
+    fresh = WithFast(Inner(), fs)  # a few local replicas: the tick scrapes for itself
+    assert fresh.read(["resnet"], [], 2.5)[0]["resnet"].fast.arrival_rps > 200.0 and len(fetched) == 3
+
+
 def test_a_pool_of_workers_reads_the_same_rates_and_counts_a_pod_that_does_not_answer():
     """The Kubernetes controller's form: fetches side by side; one pod down is a failure of that
     round (in ``last``, for status) and its model goes on with the pods that answered."""
@@ -183,3 +212,26 @@ def test_rounds_that_take_long_come_further_apart_and_stay_usable():
     assert fs.signals(10.0)["resnet"].completed_rps == pytest.approx(700 / 8.0)
     with pytest.raises(ValueError, match="max_duty"):
         FastScrape(dict, max_duty=0.0)
+
+
+def test_a_due_round_that_would_make_the_tick_late_waits_unless_the_signals_would_go_stale():
+    """Rounds of 1.2 s (``max_duty`` 0.25: due 4.8 s apart). With 0.5 s before the next tick a
+    due round waits, so the tick starts on time; with 2 s it runs; and past 1.5 gaps it runs
+    whatever the tick, since at two gaps the last round's signals are stale."""
+    pages = Pages()
+    pages.text = {"u1": expo(0, 0, 0, 0)}
+    clock = [0.0]
+
+    def timer() -> float:  # read at a round's start and end: each round takes 1.2 s
+        clock[0] += 1.2
+        return clock[0]
+
+    fs = FastScrape(lambda: {"r1": ("resnet", "u1")}, fetch=pages.fetch, max_duty=0.25, timer=timer)
+    assert fs.sample_if_due(0.0, free_s=0.5)  # the first round: nothing to go by yet
+    assert fs.gap_s == pytest.approx(4.8)
+    assert not fs.sample_if_due(4.0, free_s=10.0)  # not due
+    assert not fs.sample_if_due(5.0, free_s=0.5)  # due, but 1.2 s would overrun the 0.5 s left
+    assert fs.sample_if_due(5.5, free_s=2.0)  # room for it
+    assert not fs.sample_if_due(11.0, free_s=0.5)
+    assert fs.sample_if_due(12.9, free_s=0.5)  # 7.4 s since the last: past 1.5 gaps, it runs
+    assert fs.sample_if_due(20.0)  # no tick waiting (outside a driver's wait)

@@ -92,3 +92,42 @@ def test_an_unknown_backend_is_refused(monkeypatch, capsys):
         g.main(["--backend", "slurm"])
     assert e.value.code == 2
     assert "--backend" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gap", [10.0, 20.0])
+def test_slower_rounds_change_only_the_fast_paths_schedule(monkeypatch, gap):
+    """Rounds ``gap`` apart are the simulator's ``fast_gap_s``; Prometheus's path is untouched and
+    the HPA baselines, which never read the fast path, run in the same world."""
+    import generalization as g
+
+    calls = _capture(monkeypatch)
+    out = g.run_one(("steps", 1, 0.1, "migscale", 0.9, None, False, "kubernetes", gap))
+    g.run_one(("steps", 1, 0.1, "hpa-util", 0.7, None, False, "kubernetes", gap))
+    mig, hpa = calls
+    assert out["fast_gap_s"] == gap and mig["sim"].fast_gap_s == gap
+    plain = SimConfig(step_s=mig["sim"].step_s)
+    assert (mig["sim"].fast_window_s, mig["sim"].scrape_delay_s) == (plain.fast_window_s, plain.scrape_delay_s)
+    assert hpa["sim"] == mig["sim"] and "policy_overrides" not in hpa
+
+
+def test_a_slower_round_is_a_world_the_burst_layer_reads_differently():
+    """A real (short) flash crowd: rounds 20 s apart reach migscale's burst layer later than
+    rounds every second, and its run differs; without the path there is nothing to slow."""
+    import generalization as g
+
+    fresh = g.run_one(("flashcrowd", 1, 0.5, "migscale", 0.9, None, False, "kubernetes"))
+    slow = g.run_one(("flashcrowd", 1, 0.5, "migscale", 0.9, None, False, "kubernetes", 20.0))
+    assert (fresh["attainment"], fresh["gpu_hours"]) != (slow["attainment"], slow["gpu_hours"])
+    gapped, plain = (g.run_one(("flashcrowd", 1, 0.5, "migscale", 0.9, None, False, "kubernetes-no-fast", *gap))
+                     for gap in ((20.0,), ()))
+    assert (gapped["attainment"], gapped["gpu_hours"]) == (plain["attainment"], plain["gpu_hours"])
+
+
+@pytest.mark.parametrize("argv", [["--fast-gap", "0.5"], ["--fast-gap", "nan"],
+                                  ["--fast-gap", "10", "--backend", "kubernetes-no-fast"]])
+def test_a_fast_gap_without_a_fast_path_or_under_a_second_is_refused(monkeypatch, capsys, argv):
+    import generalization as g
+
+    _capture(monkeypatch)
+    assert g.main(["--families", "steps", "--seeds", "1", "--hours", "0.1", "--no-frontier", *argv]) == 2
+    assert "--fast-gap" in capsys.readouterr().err

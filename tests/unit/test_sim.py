@@ -896,3 +896,33 @@ def test_a_failed_start_fails_the_wait_and_is_not_in_flight():
     assert any("failed to start" in e for e in c.take_errors())
     assert c.snapshot().replicas[0].state == ReplicaState.FAILED
     assert c.in_flight() == (frozenset(), frozenset())  # nothing here restarts it: the planner's to replace
+
+
+def test_rounds_a_gap_apart_show_the_rates_between_the_last_two_as_old_as_the_last():
+    """A large fleet's direct scrape (``fast_gap_s`` 20 s): a read sees the rates between the
+    last two rounds, taken every 20 s from the start, not the step that just ended; the burst
+    layer drops them once the last round is older than its staleness limit, as it would a
+    real scrape's."""
+    from autoscaler.policy.burst import fresh
+
+    slow, clock = _cluster(start_delay_s=0, fast_gap_s=20.0)
+    every, _ = _cluster(start_delay_s=0)
+    for c in (slow, every):
+        assert c.apply([_create(rid="a")]) == []
+    for lam in [50.0] * 8 + [150.0] * 2:  # 40 s at 50 req/s, then a step to 150
+        for c in (slow, every):
+            c.advance(np.array([lam]))
+    assert clock.now() == 50.0
+    (now_every,) = every._fast(50.0)
+    assert now_every.arrival_rps == pytest.approx(150.0) and now_every.t_s == 50.0
+    (seen,) = slow._fast(50.0)
+    assert seen.t_s == 40.0 and seen.window_s == 20.0  # the round at 40 s, over the 20 s since the one before
+    assert seen.arrival_rps == pytest.approx(50.0)  # the step came after it
+    assert fresh(seen, 50.0) is seen  # 10 s old: still used
+    (late,) = slow._fast(55.0)
+    assert late.t_s == 40.0 and fresh(late, 55.0) is None  # 15 s old: the burst layer goes without
+    for c in (slow, every):
+        c.advance(np.array([150.0]))
+        c.advance(np.array([150.0]))
+    (next_round,) = slow._fast(60.0)
+    assert next_round.t_s == 60.0 and next_round.arrival_rps == pytest.approx(150.0, rel=1e-3)  # 40-60 s
