@@ -258,6 +258,7 @@ def main() -> None:
     from autoscaler.config import load_cluster, load_models, model_specs
     from autoscaler.observe.prometheus import PrometheusSource
     from autoscaler.observe.queries import Queries
+    from autoscaler.policy.types import ActionKind
     from autoscaler.runtime.gcpacing import IdleCollector
     from autoscaler.runtime.kubernetes import KubernetesController
 
@@ -387,7 +388,9 @@ def main() -> None:
             cpu = time.process_time() - cpu0
             total, leased = be.rest.total_requests() - total0, lease() - lease0
             by = {f"{v} {res}": n for (v, res), n in (Counter(be.rest.by_resource) - by0).items() if res != "leases"}
-            out.append({"tick_s": dt, "late_s": late, "cpu_s": cpu, "requests": total - leased, "lease": leased, "actions": len(r.actions), "by": by,
+            creates = sum(1 for a in r.actions if a.kind is ActionKind.CREATE)
+            out.append({"tick_s": dt, "late_s": late, "cpu_s": cpu, "requests": total - leased, "lease": leased, "actions": len(r.actions),
+                        "creates": creates, "by": by,
                         "errors": len(r.errors), "chains": len(be.rollout.chains), "held": len(r.held),
                         "pending_down": pending_down(),
                         "decide_s": ctl.loop.last_decide_s or 0.0, "t0": start, "t1": end,
@@ -452,10 +455,11 @@ def main() -> None:
     cpu0 = thread_cpu()
     phases["scale_up"] = [time.perf_counter()]
     phase[0] = "scale_up"
-    # Settled only once it has acted: with the pods' direct scrape the policy reads arrivals
-    # from the last round, which shows the step only at the next one (rounds are seconds
-    # apart at this size), while the emulated Prometheus answers the new load at once.
-    up = run(args.max_ticks, lambda out: any(o["actions"] for o in out) and settled(out))
+    # Settled only once it has added replicas: with the pods' direct scrape the policy reads
+    # arrivals from the last rounds, which show the step in full only a round or two later
+    # (rounds are seconds apart at this size), while the emulated Prometheus answers the new
+    # load at once; two quiet ticks, or a few unrelated actions, come before that.
+    up = run(args.max_ticks, lambda out: any(o["creates"] for o in out) and settled(out))
     early["scale_up"] = ctl.driver.early_ticks - early["warm_up"] - early["steady"]
     phases["scale_up"].append(time.perf_counter())
     up_threads = cpu_since(cpu0)
@@ -527,10 +531,10 @@ def main() -> None:
                      "targets_max": max(r["targets"] for r in rs), "failures": sum(r["failures"] for r in rs),
                      "first_error": next((r["error"] for r in rs if r["error"]), None)}
                 for ph in ("warm_up", "steady", "scale_up") if (rs := [r for r in fast_rounds if r["phase"] == ph])}},
-        # seconds from the load step to the end of the first tick that acted on it (the
+        # seconds from the load step to the end of the first tick that added replicas (the
         # emulated Prometheus answers the new load at once; a real one's rate lags it by its
         # scrape interval and window, which the direct scrape's rounds do not)
-        "scale_up_reaction_s": next((round(o["t1"] - phases["scale_up"][0], 2) for o in up if o["actions"]), None),
+        "scale_up_reaction_s": next((round(o["t1"] - phases["scale_up"][0], 2) for o in up if o["creates"]), None),
         "steady_actions": sum(o["actions"] for o in steady),
         # whether each tick called the planner, and why (same/hold: it did not)
         "replan": {"steady": dict(Counter(o["replan"] for o in steady)), "scale_up": dict(Counter(o["replan"] for o in up))},
