@@ -42,7 +42,7 @@ drain itself is not modelled); ``kubernetes-no-fast`` also takes away the pods'
 1 s direct scrape, so the burst layer reads the metrics window. The HPA
 baselines use neither path and run the same in every world. Default ``sim``:
 every path the simulator has (``generalization.json``). ``--fast-gap S`` spaces
-the direct scrape's rounds S seconds apart (``slower_rounds``), as the Kubernetes
+the direct scrape's rounds S seconds apart (``SimConfig.fast_gap_s``), as the Kubernetes
 controller's are on a fleet of hundreds of pods (``generalization-kubernetes-gapS.json``).
 
 Defaults: ``defaults`` records, per knob, the value the code ships, the value
@@ -140,8 +140,13 @@ def run_one(job: tuple) -> dict[str, Any]:
     elif policy in ("hpa-util", "hpa-queue") and knob is not None:
         kw["baseline_target"] = knob
     sim, world = backend_world(backend, SimConfig(step_s=STEP_S, shed_at_slo=shed))
-    if fast_gap is not None and sim.fast_window_s is not None:
-        sim = slower_rounds(sim, fast_gap)
+    if fast_gap is not None:
+        # Rounds ``fast_gap`` apart, as ``max_duty`` spaces them on a large fleet (every 6.6 s at
+        # 1,000 pods): a tick reads the rates between the last two, as old as the last, and the
+        # burst layer drops them past its 10 s staleness limit. The wake hook is not modelled
+        # (the simulator ticks on its cadence): the slower rounds' worst case. A world without
+        # the fast path has nothing to space.
+        sim = replace(sim, fast_gap_s=fast_gap)
     if policy == "migscale" and world:
         kw.setdefault("policy_overrides", {}).update(world)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -157,17 +162,6 @@ def run_one(job: tuple) -> dict[str, Any]:
     elif r.timeline is not None:
         out["missed"] = missed_by_cause(r.timeline)
     return out
-
-
-def slower_rounds(sim, gap_s: float):
-    """The world where the pods' direct scrape comes every ``gap_s`` instead of every second,
-    as ``max_duty`` spaces the rounds on a large fleet (``benchmarks/fast_scrape.py``: every
-    6.6 s at 1,000 pods, 13.3 s at 2,000): ``SimConfig.fast_gap_s``. A tick reads the rates
-    between the last two rounds, as old as the last one is, and the burst layer drops them
-    past its staleness limit (10 s) as it would a real scrape's. The wake hook (a round that
-    shows a burst starts a tick at once) is not modelled: the simulator ticks on its cadence,
-    so this world is the slower rounds' worst case in that respect."""
-    return replace(sim, fast_gap_s=gap_s)
 
 
 def missed_by_cause(tl) -> dict[str, float]:

@@ -143,9 +143,6 @@ class LoadPrometheus:
         self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
         threading.Thread(target=self.srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
-    def ready_pods(self) -> dict[str, list[tuple[str, str]]]:
-        return self._ready_index()[0]
-
     def _ready_index(self) -> tuple[dict[str, list[tuple[str, str]]], dict[str, str], dict[str, str]]:
         """The Ready pods per model as (name, profile); the model of each by name; and each
         name by ``status.podIP``."""
