@@ -1,29 +1,32 @@
 """What the Kubernetes controller's 1 s pod scrape costs as the fleet grows.
 
 ``migscale controller`` scrapes every Ready Triton pod at its IP each second for
-the burst layer (``observe/fast.py``): 16 fetches side by side over one
-keep-alive client, and rounds that take at most a quarter of the time
-(``max_duty`` 0.25), so a large fleet's rounds come further apart instead of
-taking the CPU its ticks need. This measures, per fleet size, side by side in
-one run:
+the burst layer (``observe/fast.py``): 16 fetches side by side over keep-alive
+connections (``HttpFetch``, urllib3), and rounds that take at most a quarter of
+the time (``max_duty`` 0.25), so a large fleet's rounds come further apart
+instead of taking the CPU its ticks need. This measures, per fleet size, side by
+side in one run:
 
-- ``serial``: one fetch after another over one keep-alive client;
+- ``serial``: one fetch after another;
 - ``pooled``: the controller's form (16 workers, ``max_duty`` 0.25);
+- ``pooled_httpx``: the same with an httpx keep-alive client, the scrape's client before;
 
-both with every pod answering, and at ``--silent-at`` pods also with 5% of
+all with every pod answering, and at ``--silent-at`` pods also with 5% of
 them silent (a pod that accepts the connection and never answers, as a hung
 Triton does: each costs the 0.5 s timeout). For each: a round's wall time and
 this process's CPU seconds per round (median of ``--rounds``), the gap to the
-next round that ``max_duty`` sets (``pooled`` only), and so the share of one
-core the scrape takes at that pace. ``ratio`` is serial / pooled wall time.
+next round that ``max_duty`` sets, and so the share of one core the scrape takes
+at that pace. Ratios: serial / pooled wall time, httpx / ``HttpFetch`` CPU.
 
 The pods are emulated: a child process serves, for every pod IP, a one-model
 Triton exposition of 69 lines (the request counters, the latency summary, the
 GPU, CPU and pinned-memory gauges a real Triton exports), as an HTTP proxy
-(``FastScrape(proxy=...)``, the controller's ``--fast-scrape-proxy``), so every request stays on loopback; its counters move on
-between rounds. One server process answering for thousands of pods is slower
-than thousands of Tritons would be, so the wall times are upper bounds; the
-controller's CPU per round is the figure that carries over.
+(``FastScrape(proxy=...)``, the controller's ``--fast-scrape-proxy``), so every
+request stays on loopback; its counters move on between rounds. One server
+process answering for thousands of pods is slower than thousands of Tritons would
+be, so the wall times are upper bounds; the controller's CPU per round is the
+figure that carries over. ``triton`` (unless ``--no-triton``): the per-fetch
+cost against one real ``tritonserver`` (``against_triton``).
 
 Run: ``flock /tmp/migscale-heavy.lock nice -n 10 .venv/bin/python benchmarks/fast_scrape.py``
 Prints one JSON object and writes ``benchmarks/results/fast_scrape.json``.
@@ -82,6 +85,10 @@ def network(conn, pods: int, silent: int = 0) -> None:
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as Triton's server keeps it
+        # the headers and the body go out as two writes; with Nagle's algorithm the body waits
+        # for the client's delayed ACK (40 ms) where the client does not happen to answer
+        # first. A real Triton answers a keep-alive fetch of its page in ~0.4 ms (``triton``)
+        disable_nagle_algorithm = True
 
         def do_GET(self) -> None:
             host = self.path.split("//", 1)[-1].split(":", 1)[0]
@@ -111,6 +118,15 @@ def network(conn, pods: int, silent: int = 0) -> None:
     srv.serve_forever(poll_interval=0.1)
 
 
+def _httpx_fetch(client):
+    """The client the scrape used before ``HttpFetch``: httpx, one keep-alive client."""
+    def fetch(url: str, timeout_s: float) -> str:
+        r = client.get(url, timeout=timeout_s)
+        r.raise_for_status()
+        return r.text
+    return fetch
+
+
 def measure(pods: int, port: int, rounds: int, timeout_s: float = 0.5) -> dict:
     import httpx
 
@@ -119,15 +135,12 @@ def measure(pods: int, port: int, rounds: int, timeout_s: float = 0.5) -> dict:
     targets = {f"pod-{i}": (f"m{i % 200}", f"http://{pod_ip(i)}:8002/metrics") for i in range(pods)}
     out: dict[str, dict] = {}
     proxy = f"http://127.0.0.1:{port}"
-    client = httpx.Client(timeout=timeout_s, trust_env=False, proxy=proxy)
-
-    def serial_fetch(url: str, timeout_s: float) -> str:
-        r = client.get(url, timeout=timeout_s)
-        r.raise_for_status()
-        return r.text
-
-    forms = {"serial": FastScrape(lambda: targets, fetch=serial_fetch, timeout_s=timeout_s),
-             "pooled": FastScrape(lambda: targets, workers=16, max_duty=0.25, timeout_s=timeout_s, proxy=proxy)}
+    client = httpx.Client(timeout=timeout_s, trust_env=False, proxy=proxy,
+                          limits=httpx.Limits(max_connections=16, max_keepalive_connections=16))
+    forms = {"serial": FastScrape(lambda: targets, timeout_s=timeout_s, proxy=proxy),
+             "pooled": FastScrape(lambda: targets, workers=16, max_duty=0.25, timeout_s=timeout_s, proxy=proxy),
+             "pooled_httpx": FastScrape(lambda: targets, workers=16, max_duty=0.25, timeout_s=timeout_s,
+                                        fetch=_httpx_fetch(client))}
     try:
         for name, fs in forms.items():
             walls, cpus, gaps, fails = [], [], [], 0
@@ -142,6 +155,7 @@ def measure(pods: int, port: int, rounds: int, timeout_s: float = 0.5) -> dict:
                     gaps.append(fs.gap_s)  # when the scraper itself would run the next round
             wall, cpu, gap = statistics.median(walls), statistics.median(cpus), statistics.median(gaps)
             out[name] = {"round_wall_s": round(wall, 4), "round_cpu_s": round(cpu, 4),
+                         "cpu_ms_per_pod": round(cpu / pods * 1e3, 3),
                          "every_s": round(gap, 2), "core_share": round(cpu / gap, 3), "failures": fails,
                          "models_with_signals": len(fs.signals(float(rounds)))}
     finally:
@@ -149,7 +163,59 @@ def measure(pods: int, port: int, rounds: int, timeout_s: float = 0.5) -> dict:
             fs.close()
         client.close()
     out["ratio_serial_over_pooled_wall"] = round(out["serial"]["round_wall_s"] / out["pooled"]["round_wall_s"], 2)
+    out["ratio_httpx_over_pooled_cpu"] = round(out["pooled_httpx"]["round_cpu_s"] / out["pooled"]["round_cpu_s"], 2)
     return out
+
+
+def against_triton(fetches: int = 400, repeats: int = 2) -> dict:
+    """One real ``tritonserver`` (resnet and bert, this machine's CPU build) on loopback: the
+    controller's CPU and wall time per ``/metrics`` fetch with ``HttpFetch``, with an httpx
+    keep-alive client, and with a new httpx request each time (the local scrape's client
+    before ``HttpFetch``); and the parse of its page. Alternated ``repeats`` times."""
+    import tempfile
+
+    import httpx
+
+    from autoscaler.act.local.triton import TritonProcess
+    from autoscaler.observe.scrape import HttpFetch, parse_exposition
+
+    with tempfile.TemporaryDirectory() as work, \
+            TritonProcess(ROOT / "triton_models", ["resnet", "bert"], Path(work) / "replica") as proc:
+        proc.wait_ready(120)
+        url = proc.url_metrics
+        keep = httpx.Client(timeout=2.0, trust_env=False)
+
+        def httpx_new(u: str, t: float) -> str:
+            r = httpx.get(u, timeout=t)
+            r.raise_for_status()
+            return r.text
+
+        ours = HttpFetch()
+        clients = {"http_fetch": ours, "httpx_keepalive": _httpx_fetch(keep), "httpx_new_each": httpx_new}
+        per: dict[str, dict[str, list[float]]] = {k: {"cpu_ms": [], "wall_ms": []} for k in clients}
+        try:
+            for _ in range(repeats):
+                for name, f in clients.items():
+                    n = fetches if name != "httpx_new_each" else max(20, fetches // 10)
+                    for _ in range(10):
+                        f(url, 2.0)  # the connection open, the first fetch's imports done
+                    c0, w0 = time.process_time(), time.perf_counter()
+                    for _ in range(n):
+                        f(url, 2.0)
+                    per[name]["cpu_ms"].append(round((time.process_time() - c0) / n * 1e3, 3))
+                    per[name]["wall_ms"].append(round((time.perf_counter() - w0) / n * 1e3, 3))
+            text = ours(url, 2.0)
+            c0 = time.process_time()
+            for _ in range(fetches):
+                parse_exposition(text, "resnet", 0.0)
+            parse_ms = round((time.process_time() - c0) / fetches * 1e3, 3)
+        finally:
+            ours.close()
+            keep.close()
+    med = {k: {m: statistics.median(v) for m, v in d.items()} for k, d in per.items()}
+    return {"per_fetch": per, "parse_ms": parse_ms, "page_lines": len(text.splitlines()),
+            "ratio_httpx_keepalive_over_ours_cpu": round(med["httpx_keepalive"]["cpu_ms"] / med["http_fetch"]["cpu_ms"], 2),
+            "ratio_httpx_new_over_ours_cpu": round(med["httpx_new_each"]["cpu_ms"] / med["http_fetch"]["cpu_ms"], 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--silent-at", type=int, default=200, help="the fleet size also run with 5%% of pods silent")
     ap.add_argument("--out", default=str(RESULTS / "fast_scrape.json"))
+    ap.add_argument("--no-triton", action="store_true", help="skip the per-fetch figures against a real tritonserver")
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.pods.split(",")]
     result: dict = {"pods": {}, "silent_5pct": {}}
@@ -173,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             proc.terminate()
             proc.join(10)
+    if not args.no_triton:
+        result["triton"] = against_triton()
     from generalization import code_fingerprint
 
     result["code"] = code_fingerprint()  # the source hash the figures belong to

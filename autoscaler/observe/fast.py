@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from autoscaler.observe.scrape import ScrapeSource, Targets
+from autoscaler.observe.scrape import HttpFetch, ScrapeSource, Targets
 from autoscaler.policy.types import FastSignals, ModelSignals, ReplicaSignals
 
 SUCCESS = "nv_inference_request_success"
@@ -47,7 +47,7 @@ class FastScrape:
     samples while a tick reads).
 
     ``workers`` > 1 scrapes the targets side by side on a pool of that many threads
-    over one keep-alive HTTP client: what a controller with hundreds of pods needs to
+    over keep-alive connections (``HttpFetch``): what a controller with hundreds of pods needs to
     finish a round in well under its 1 s interval (each fetch may take ``timeout_s``).
     ``max_duty`` < 1 bounds the share of the time rounds take: a round of d seconds puts
     the next one ``d / max_duty`` after its start, and the rates are then read over that
@@ -76,31 +76,22 @@ class FastScrape:
         self.max_duty = max_duty
         self.timer = timer
         self.gap_s = interval_s  # seconds from this round's start to the next's
-        self._client = None
         self._pool: ThreadPoolExecutor | None = None
         if workers > 1:
             self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fast-scrape")
-            if fetch is None:
-                import httpx
-
-                # Pods reach pods without a proxy (the cluster's network model), and NO_PROXY cannot
-                # name a pod CIDR for httpx: the environment's proxy settings are not used. ``proxy``
-                # is for a controller outside the pod network (and the emulated one in the tests).
-                self._client = httpx.Client(timeout=timeout_s, trust_env=False, proxy=proxy, limits=httpx.Limits(
-                    max_connections=workers, max_keepalive_connections=workers))
-                fetch = self._client_fetch
+        # keep-alive connections kept between rounds, one per pod; through ``proxy`` for a
+        # controller outside the pod network (and the emulated one in the tests)
+        self._client = HttpFetch(connections=workers, proxy=proxy) if fetch is None else None
+        fetch = fetch or self._client
         self._src = ScrapeSource(targets, window_s=window_s, long_window_s=2 * window_s, metrics_stale_s=stale_s,
                                  timeout_s=timeout_s, fetch=fetch, pool=self._pool)
         self._lock = threading.Lock()
         self._sampled_at: float | None = None
+        self._rounds = 0
+        self._round_signals: tuple[int, dict[str, FastSignals]] | None = None
         # the last round, for status: when, how many targets, how many failed, the first failure
         self.last: dict[str, object] = {"t_s": None, "targets": 0, "failures": 0, "error": None, "round_s": None,
                                         "next_in_s": None}
-
-    def _client_fetch(self, url: str, timeout_s: float) -> str:
-        r = self._client.get(url, timeout=timeout_s)  # type: ignore[union-attr]
-        r.raise_for_status()
-        return r.text
 
     def sample(self, now_s: float) -> None:
         """Scrape every replica once (failures only leave a gap: the model goes without)."""
@@ -110,6 +101,7 @@ class FastScrape:
             n, failures = self._src.scrape(now_s, notes)
             took = self.timer() - t0
             self._sampled_at = now_s
+            self._rounds += 1
             self.gap_s = max(self.interval_s, took / self.max_duty)
             # rounds further apart stay usable: a model's last scrape is stale only after two gaps
             self._src.metrics_stale_s = max(self.stale_s, 2.0 * self.gap_s)
@@ -141,6 +133,20 @@ class FastScrape:
             self._pool.shutdown(wait=True, cancel_futures=True)
         if self._client is not None:
             self._client.close()
+
+    def round_signals(self) -> dict[str, FastSignals]:
+        """``signals`` as of the last round, computed once per round: for a check that runs
+        between rounds (the wake hooks, every half second), to which nothing new arrives until
+        the next round -- at 600 pods a computation costs tens of milliseconds, and rounds
+        come every few seconds. The caller judges their age against its own clock."""
+        with self._lock:
+            rounds, at = self._rounds, self._sampled_at
+        cached = self._round_signals
+        if cached is not None and cached[0] == rounds:
+            return cached[1]
+        sig = self.signals(at) if at is not None else {}
+        self._round_signals = (rounds, sig)
+        return sig
 
     def signals(self, now_s: float) -> dict[str, FastSignals]:
         """Per model, the fast signals over the last ``window_s``, as rates over the model's

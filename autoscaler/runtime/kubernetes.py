@@ -188,6 +188,7 @@ class KubernetesController:
         # three missed ticks: one slow or failed tick is still current, a stuck loop is not
         max_age_s = 3.0 * self.policy.tick_s
         self.wake = WakeOnBurst(self.policy.tick_s)
+        self._wake_capacity: tuple[object, dict[str, float]] | None = None  # (the tick's observation, its ready capacity)
         self.driver = Driver(self.loop, self.clock, tick_s=self.policy.tick_s, max_snapshot_age_s=max_age_s,
                              hooks=Hooks(before_tick=self.before_tick, after_tick=self.after_tick, idle=self.idle,
                                          wake=self.burst_began if fast is not None else None))
@@ -299,7 +300,10 @@ class KubernetesController:
         if self.fast is None or obs is None:
             return False
         now = self.clock.now()
-        short = outrun_models(self.fast.signals(now), now, ready_capacity(self.specs, obs.cluster.replicas))
+        # both inputs change only with a round or a tick: computed once for each
+        if self._wake_capacity is None or self._wake_capacity[0] is not obs:
+            self._wake_capacity = (obs, ready_capacity(self.specs, obs.cluster.replicas))
+        short = outrun_models(self.fast.round_signals(), now, self._wake_capacity[1])
         return self.wake.began(short, now)
 
     def tick(self) -> TickResult:

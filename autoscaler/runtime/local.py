@@ -179,7 +179,7 @@ class LocalController:
     def outrun_models(self) -> set[str]:
         """Models whose burst demand (the last 1 s scrapes) exceeds what their ready replicas serve."""
         now = self.clock.now()
-        return burst.outrun_models(self.fast.signals(now), now, ready_capacity(self.specs, self.cluster.replicas()))
+        return burst.outrun_models(self.fast.round_signals(), now, ready_capacity(self.specs, self.cluster.replicas()))
 
     def _mark_tick(self) -> None:
         self.wake.ticked(self.clock.now())

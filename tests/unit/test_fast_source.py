@@ -235,3 +235,26 @@ def test_a_due_round_that_would_make_the_tick_late_waits_unless_the_signals_woul
     assert not fs.sample_if_due(11.0, free_s=0.5)
     assert fs.sample_if_due(12.9, free_s=0.5)  # 7.4 s since the last: past 1.5 gaps, it runs
     assert fs.sample_if_due(20.0)  # no tick waiting (outside a driver's wait)
+
+
+def test_the_signals_between_rounds_are_the_last_rounds_computed_once(monkeypatch):
+    """The wake hooks ask every half second; only a round brings anything new, so the
+    signals are computed once per round, as of that round, and again after the next."""
+    pages = Pages()
+    fs = FastScrape(lambda: {"r1": ("resnet", "u1")}, window_s=3.0, fetch=pages.fetch)
+    assert fs.round_signals() == {}  # no round yet: no signals, never zeros
+    computed = []
+    real = fs.signals
+    monkeypatch.setattr(fs, "signals", lambda now_s: computed.append(now_s) or real(now_s))
+    pages.text = {"u1": expo(1000, 0, 0, 0)}
+    fs.sample(100.0)
+    pages.text = {"u1": expo(1200, 0, 0, 0)}
+    fs.sample(102.0)
+    first = fs.round_signals()
+    assert first["resnet"].completed_rps == pytest.approx(100.0) and first["resnet"].t_s == 102.0
+    assert fs.round_signals() is first and fs.round_signals() is first
+    assert computed == [102.0]
+    pages.text = {"u1": expo(1500, 0, 0, 0)}
+    fs.sample(103.0)
+    assert fs.round_signals()["resnet"].completed_rps == pytest.approx(500 / 3)
+    assert computed == [102.0, 103.0]

@@ -31,6 +31,7 @@ FORBIDDEN = (
     "httpx",
     "requests",
     "urllib",
+    "urllib3",
     "subprocess",
     "socket",
     "time",

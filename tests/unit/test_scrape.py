@@ -301,3 +301,110 @@ def test_families_the_scrape_does_not_read_are_not_parsed_or_judged():
     assert sc.counters["nv_inference_request_success"] == 120
     with pytest.raises(Exception, match="unparseable"):
         parse_exposition('nv_gpu_utilization{gpu_uuid="GPU-0"} this-is-no-number\n', "resnet", 5.0)
+
+
+class _Pages:
+    """A loopback Triton stand-in for ``HttpFetch``: answers ``/metrics`` with keep-alive,
+    records each request's client port, answers other paths 404 and ``/hang`` never."""
+
+    def __init__(self) -> None:
+        pages = self
+        self.ports: list[int] = []
+        self.release = threading.Event()
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def do_GET(self):
+                pages.ports.append(self.client_address[1])
+                if self.path == "/hang":
+                    pages.release.wait(10)
+                    return
+                if self.path != "/metrics":
+                    self.send_error(404)
+                    return
+                data = expo(success=7).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *a):
+                pass
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.srv.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        self.th = threading.Thread(target=self.srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.th.start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.srv.shutdown()
+        self.srv.server_close()
+        self.th.join(5)
+
+
+@pytest.fixture
+def pages():
+    p = _Pages()
+    yield p
+    p.close()
+
+
+def test_a_replica_is_fetched_again_over_the_connection_its_last_scrape_left_open(pages):
+    from autoscaler.observe.scrape import HttpFetch
+
+    fetch = HttpFetch()
+    try:
+        for _ in range(3):
+            assert parse_exposition(fetch(pages.url + "/metrics", 2.0), "resnet", 0.0).counters[
+                "nv_inference_request_success"] == 7
+    finally:
+        fetch.close()
+    assert len(pages.ports) == 3 and len(set(pages.ports)) == 1
+
+
+def test_a_page_other_than_200_is_a_failed_scrape_with_its_status(pages):
+    from autoscaler.observe.scrape import FetchError, HttpFetch
+
+    src = ScrapeSource(lambda: {"r1": ("resnet", pages.url + "/nothing")}, window_s=10, fetch=HttpFetch())
+    with pytest.raises(ConnectionError, match="every Triton /metrics scrape failed"):
+        src.read(["resnet"], [], 0.0)
+    assert any("r1: scrape of" in n and "FetchError: HTTP 404" in n for n in src.last_notes)
+    with pytest.raises(FetchError, match="HTTP 404"):
+        HttpFetch()(pages.url + "/nothing", 2.0)
+
+
+def test_a_replica_that_never_answers_ends_the_fetch_at_its_timeout(pages):
+    import urllib3
+
+    from autoscaler.observe.scrape import HttpFetch
+
+    with pytest.raises(urllib3.exceptions.TimeoutError):
+        HttpFetch()(pages.url + "/hang", 0.2)
+
+
+def test_the_environments_proxy_is_not_used(pages, monkeypatch):
+    """Pods reach pods directly: a proxy named in the environment (here one nothing listens
+    on) is not in the way."""
+    from autoscaler.observe.scrape import HttpFetch
+
+    for var in ("HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    assert "nv_inference_request_success" in HttpFetch()(pages.url + "/metrics", 2.0)
+
+
+def test_the_connections_kept_are_bounded_by_the_file_descriptor_limit(monkeypatch):
+    import resource
+
+    from autoscaler.observe.scrape import HttpFetch
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _what: (1024, 4096))
+    assert HttpFetch().hosts == 256
+    monkeypatch.setattr(resource, "getrlimit", lambda _what: (1 << 20, 1 << 20))
+    assert HttpFetch().hosts == 4096
+    assert HttpFetch(hosts=100).hosts == 100
