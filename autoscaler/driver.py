@@ -184,12 +184,18 @@ class Driver:
             self.clock.sleep(step)
             remaining -= step
             self.time_to_tick_s = remaining
+            hooks_from = self.clock.now()
             self._hook("idle")
             self.time_to_tick_s = None
             if not self.consecutive_failures and self._hook("wake") is True:
                 with self._lock:
                     self.early_ticks += 1
                 return
+            # The hooks' own time counts against the wait: the next tick is due ``seconds``
+            # after the wait began however long a hook (a fast-scrape round) took in it.
+            # Counted per slice, not against a deadline read off the clock: the simulator's
+            # clock ends a sleep on its step grid, and its sleeps add up to the due times.
+            remaining -= max(0.0, self.clock.now() - hooks_from)
 
     def run(self, stop: threading.Event | Callable[[], bool]) -> None:
         """Tick until ``stop`` is set (an Event) or true (a predicate)."""

@@ -205,6 +205,7 @@ class LocalController:
         if self.api is not None:
             self.api.stop()
             self.api = None
+        self.fast.close()  # its kept connections to the replicas
 
 
 def decision_log_path(run_dir: str | Path) -> Path:

@@ -200,3 +200,26 @@ def test_a_raising_wake_hook_is_counted_and_the_cadence_kept() -> None:
     d.run(lambda: len(loop.at) >= 3)
     assert loop.at == [0.0, 5.0, 10.0]
     assert d.hook_errors == 10 and d.early_ticks == 0
+
+
+def test_the_idle_hooks_time_counts_against_the_wait() -> None:
+    """A round of 0.8 s in the idle hook of a 2 s cadence (ticks take 0.3 s) is absorbed by
+    the wait: ticks still start every 2 s, not 2.8 s, and the hook is told what is left
+    after the time it took."""
+    clock = VirtualClock()
+    loop = Scripted(clock, [], delay_s=2.0, takes_s=0.3)
+    told: list[float] = []
+    rounds: list[float] = []
+
+    def idle() -> None:
+        told.append(round(d.time_to_tick_s, 6))
+        if not rounds or clock.now() - rounds[-1] >= 1.9:  # one round a period
+            rounds.append(clock.now())
+            clock.advance(0.8)
+
+    d = Driver(loop, clock, tick_s=2.0, slice_s=0.5, hooks=Hooks(idle=idle))
+    d.run(lambda: len(loop.at) >= 4)
+    assert loop.at == pytest.approx([0.0, 2.0, 4.0, 6.0])
+    # after the first slice 1.2 s were left; the round took 0.8 of them, and the wait's last
+    # 0.4 s slice ends on the tick
+    assert told[:3] == [1.2, 0.0, 1.2]
