@@ -123,9 +123,10 @@ def test_a_slower_round_is_a_world_the_burst_layer_reads_differently():
     assert (gapped["attainment"], gapped["gpu_hours"]) == (plain["attainment"], plain["gpu_hours"])
 
 
-@pytest.mark.parametrize("argv", [["--fast-gap", "0.5"], ["--fast-gap", "nan"],
+@pytest.mark.parametrize("argv", [["--fast-gap", "0.5"], ["--fast-gap", "nan"], ["--fast-gap", "5"],
                                   ["--fast-gap", "10", "--backend", "kubernetes-no-fast"]])
-def test_a_fast_gap_without_a_fast_path_or_under_a_second_is_refused(monkeypatch, capsys, argv):
+def test_a_fast_gap_without_a_fast_path_or_within_the_simulators_step_is_refused(monkeypatch, capsys, argv):
+    """Rounds at most the 5 s step apart read what every-second rounds read: refused, not run."""
     import generalization as g
 
     _capture(monkeypatch)
