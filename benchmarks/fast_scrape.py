@@ -25,8 +25,11 @@ GPU, CPU and pinned-memory gauges a real Triton exports), as an HTTP proxy
 request stays on loopback; its counters move on between rounds. One server
 process answering for thousands of pods is slower than thousands of Tritons would
 be, so the wall times are upper bounds; the controller's CPU per round is the
-figure that carries over. ``triton`` (unless ``--no-triton``): the per-fetch
-cost against one real ``tritonserver`` (``against_triton``).
+figure that carries over. ``direct`` (``--direct``): pods that are each their own
+listener, as each pod IP is its own host, so a connection serves one pod only: one
+kept per pod against reconnecting at each fetch (``measure_direct``). ``triton``
+(unless ``--no-triton``): the per-fetch cost against one real ``tritonserver``
+(``against_triton``).
 
 Run: ``flock /tmp/migscale-heavy.lock nice -n 10 .venv/bin/python benchmarks/fast_scrape.py``
 Prints one JSON object and writes ``benchmarks/results/fast_scrape.json``.
@@ -127,6 +130,85 @@ def _httpx_fetch(client):
     return fetch
 
 
+def direct_network(conn, pods: int) -> None:
+    """The child process: every pod its own listener on loopback (its own host:port, as each pod
+    IP is its own host), each serving its one-model exposition with keep-alive. Sends the ports."""
+    import asyncio
+    import socket
+
+    from aiohttp import web
+
+    start = time.monotonic()
+
+    async def serve() -> None:
+        model_of: dict[int, str] = {}
+
+        async def metrics(request: web.Request) -> web.Response:
+            port = request.transport.get_extra_info("sockname")[1]
+            return web.Response(text=exposition(model_of[port], 50.0 * (time.monotonic() - start)),
+                                content_type="text/plain")
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        ports = []
+        for i in range(pods):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+            model_of[port] = f"m{i % 200}"
+            await web.SockSite(runner, sock, backlog=128).start()
+            ports.append(port)
+        conn.send(ports)
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
+def measure_direct(pods: int, ports: list[int], rounds: int, timeout_s: float = 0.5) -> dict:
+    """The controller's pool (16 workers) against pods that are each their own host: one kept
+    connection per pod (``HttpFetch``'s default), connections kept for only 16 hosts (so each
+    fetch reconnects, as a pool sized to its workers does on a pod network), and httpx's pool of
+    16 (the scrape's client before ``HttpFetch``)."""
+    import httpx
+
+    from autoscaler.observe.fast import FastScrape
+    from autoscaler.observe.scrape import HttpFetch
+
+    targets = {f"pod-{i}": (f"m{i % 200}", f"http://127.0.0.1:{p}/metrics") for i, p in enumerate(ports)}
+    client = httpx.Client(timeout=timeout_s, trust_env=False,
+                          limits=httpx.Limits(max_connections=16, max_keepalive_connections=16))
+    few = HttpFetch(connections=16, hosts=16)
+    forms = {"kept": FastScrape(lambda: targets, workers=16, max_duty=0.25, timeout_s=timeout_s),
+             "reconnect": FastScrape(lambda: targets, workers=16, max_duty=0.25, timeout_s=timeout_s, fetch=few),
+             "httpx_pool16": FastScrape(lambda: targets, workers=16, max_duty=0.25, timeout_s=timeout_s,
+                                        fetch=_httpx_fetch(client))}
+    out: dict[str, dict] = {}
+    try:
+        for name, fs in forms.items():
+            walls, cpus, fails = [], [], 0
+            for k in range(rounds + 1):
+                c0, w0 = time.process_time(), time.perf_counter()
+                fs.sample(float(k))
+                w, c = time.perf_counter() - w0, time.process_time() - c0
+                fails += int(fs.last["failures"])
+                if k:  # the first round opens the connections
+                    walls.append(w)
+                    cpus.append(c)
+            cpu = statistics.median(cpus)
+            out[name] = {"round_wall_s": round(statistics.median(walls), 4), "round_cpu_s": round(cpu, 4),
+                         "cpu_ms_per_pod": round(cpu / pods * 1e3, 3), "failures": fails}
+    finally:
+        for fs in forms.values():
+            fs.close()
+        few.close()
+        client.close()
+    out["ratio_reconnect_over_kept_cpu"] = round(out["reconnect"]["round_cpu_s"] / out["kept"]["round_cpu_s"], 2)
+    out["ratio_httpx_over_kept_cpu"] = round(out["httpx_pool16"]["round_cpu_s"] / out["kept"]["round_cpu_s"], 2)
+    return out
+
+
 def measure(pods: int, port: int, rounds: int, timeout_s: float = 0.5) -> dict:
     import httpx
 
@@ -224,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--silent-at", type=int, default=200, help="the fleet size also run with 5%% of pods silent")
     ap.add_argument("--out", default=str(RESULTS / "fast_scrape.json"))
+    ap.add_argument("--direct", default="200,1000",
+                    help="fleet sizes whose pods are each their own listener (no proxy), comma-separated; '' for none")
     ap.add_argument("--no-triton", action="store_true", help="skip the per-fetch figures against a real tritonserver")
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.pods.split(",")]
@@ -237,6 +321,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             port = parent.recv()
             into[str(n)] = measure(n, port, args.rounds)
+        finally:
+            proc.terminate()
+            proc.join(10)
+    result["direct"] = {}
+    for n in [int(x) for x in args.direct.split(",") if x]:
+        parent, child = mp.Pipe()
+        proc = mp.get_context("fork").Process(target=direct_network, args=(child, n), daemon=True)
+        proc.start()
+        try:
+            result["direct"][str(n)] = measure_direct(n, parent.recv(), args.rounds)
         finally:
             proc.terminate()
             proc.join(10)
