@@ -130,6 +130,24 @@ def _httpx_fetch(client):
     return fetch
 
 
+def _timed_rounds(fs, rounds: int, pods: int) -> dict:
+    """``rounds`` rounds of ``fs`` after one that opens the connections: medians of a round's
+    wall time and this process's CPU, the gap to the next round ``max_duty`` sets, failures."""
+    walls, cpus, gaps, fails = [], [], [], 0
+    for k in range(rounds + 1):
+        c0, w0 = time.process_time(), time.perf_counter()
+        fs.sample(float(k))
+        w, c = time.perf_counter() - w0, time.process_time() - c0
+        fails += int(fs.last["failures"])
+        if k:
+            walls.append(w)
+            cpus.append(c)
+            gaps.append(fs.gap_s)  # when the scraper itself would run the next round
+    wall, cpu, gap = statistics.median(walls), statistics.median(cpus), statistics.median(gaps)
+    return {"round_wall_s": round(wall, 4), "round_cpu_s": round(cpu, 4), "cpu_ms_per_pod": round(cpu / pods * 1e3, 3),
+            "every_s": round(gap, 2), "core_share": round(cpu / gap, 3), "failures": fails}
+
+
 def direct_network(conn, pods: int) -> None:
     """The child process: every pod its own listener on loopback (its own host:port, as each pod
     IP is its own host), each serving its one-model exposition with keep-alive. Sends the ports."""
@@ -187,18 +205,7 @@ def measure_direct(pods: int, ports: list[int], rounds: int, timeout_s: float = 
     out: dict[str, dict] = {}
     try:
         for name, fs in forms.items():
-            walls, cpus, fails = [], [], 0
-            for k in range(rounds + 1):
-                c0, w0 = time.process_time(), time.perf_counter()
-                fs.sample(float(k))
-                w, c = time.perf_counter() - w0, time.process_time() - c0
-                fails += int(fs.last["failures"])
-                if k:  # the first round opens the connections
-                    walls.append(w)
-                    cpus.append(c)
-            cpu = statistics.median(cpus)
-            out[name] = {"round_wall_s": round(statistics.median(walls), 4), "round_cpu_s": round(cpu, 4),
-                         "cpu_ms_per_pod": round(cpu / pods * 1e3, 3), "failures": fails}
+            out[name] = _timed_rounds(fs, rounds, pods)
     finally:
         for fs in forms.values():
             fs.close()
@@ -225,21 +232,7 @@ def measure(pods: int, port: int, rounds: int, timeout_s: float = 0.5) -> dict:
                                         fetch=_httpx_fetch(client))}
     try:
         for name, fs in forms.items():
-            walls, cpus, gaps, fails = [], [], [], 0
-            for k in range(rounds + 1):
-                c0, w0 = time.process_time(), time.perf_counter()
-                fs.sample(float(k))
-                w, c = time.perf_counter() - w0, time.process_time() - c0
-                fails += int(fs.last["failures"])
-                if k:  # the first round opens the connections
-                    walls.append(w)
-                    cpus.append(c)
-                    gaps.append(fs.gap_s)  # when the scraper itself would run the next round
-            wall, cpu, gap = statistics.median(walls), statistics.median(cpus), statistics.median(gaps)
-            out[name] = {"round_wall_s": round(wall, 4), "round_cpu_s": round(cpu, 4),
-                         "cpu_ms_per_pod": round(cpu / pods * 1e3, 3),
-                         "every_s": round(gap, 2), "core_share": round(cpu / gap, 3), "failures": fails,
-                         "models_with_signals": len(fs.signals(float(rounds)))}
+            out[name] = {**_timed_rounds(fs, rounds, pods), "models_with_signals": len(fs.signals(float(rounds)))}
     finally:
         for fs in forms.values():
             fs.close()
