@@ -613,5 +613,8 @@ def test_cli_runs_the_pods_fast_scrape_unless_told_not_to(fake, configs, monkeyp
     assert (fast is not None) is built
     if built:
         assert fast.max_duty == 0.25 and fast._pool is not None and fast._pool._max_workers == 16
-        assert fast._client is not None and fast._client._trust_env is False
+        from autoscaler.observe.scrape import HttpFetch
+
+        # pods reached directly: urllib3's own pools, which never take a proxy from the environment
+        assert isinstance(fast._client, HttpFetch) and fast._client._http.proxy is None
         assert fast._pool._shutdown  # closed with the controller
