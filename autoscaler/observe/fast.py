@@ -191,7 +191,7 @@ class WithFast:
 
     ``fresh_each_read``: the tick scrapes once more for itself (a few local replicas: the
     freshest signals for a few milliseconds); False takes the idle hook's last round and
-    never runs one (hundreds of pods: a round takes 1-3 s at 1,000 pods, time the tick's
+    never runs one (hundreds of pods: a round takes about 1 s at 1,000 pods, time the tick's
     actions would wait; the idle hook's rounds are at most two gaps old)."""
 
     def __init__(self, inner, fast: FastScrape, fresh_each_read: bool = True) -> None:

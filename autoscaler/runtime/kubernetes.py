@@ -286,7 +286,7 @@ class KubernetesController:
         """Between ticks (the driver's wait, in half-second slices): the fast scrape once a
         second, and a due full garbage collection, here rather than in a tick."""
         if self.fast is not None:
-            # a round at 1,000 pods takes over a second: none that would make the next tick late
+            # a round at 1,000 pods takes about a second: none that would make the next tick late
             self.fast.sample_if_due(self.clock.now(), free_s=self.driver.time_to_tick_s)
         if self.collector is not None:
             self.collector.idle()

@@ -36,7 +36,7 @@ class SimConfig:
     fast_delay_s: float = 0.0
     # Seconds between the direct scrape's rounds where they come less often than every
     # step: the Kubernetes controller's rounds take at most a quarter of the time, so a
-    # fleet of 1,000 pods is scraped every ~7 s. A read then sees the rates between the
+    # fleet of 2,000 pods is scraped every ~8 s. A read then sees the rates between the
     # last two rounds (a window of one gap) ending at the last round, which the rounds'
     # schedule (every ``fast_gap_s`` from the start) puts up to a gap in the past; the
     # burst layer's staleness rule applies to that age as to a real scrape's. None:
