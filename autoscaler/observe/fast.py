@@ -87,6 +87,7 @@ class FastScrape:
                                  timeout_s=timeout_s, fetch=fetch, pool=self._pool)
         self._lock = threading.Lock()
         self._sampled_at: float | None = None
+        self._round_s = 0.0  # the last round's length, which the next one is expected to take
         self._rounds = 0
         self._round_signals: tuple[int, dict[str, FastSignals]] | None = None
         # the last round, for status: when, how many targets, how many failed, the first failure
@@ -100,7 +101,7 @@ class FastScrape:
             t0 = self.timer()
             n, failures = self._src.scrape(now_s, notes)
             took = self.timer() - t0
-            self._sampled_at = now_s
+            self._sampled_at, self._round_s = now_s, took
             self._rounds += 1
             self.gap_s = max(self.interval_s, took / self.max_duty)
             # rounds further apart stay usable: a model's last scrape is stale only after two gaps
@@ -121,9 +122,7 @@ class FastScrape:
             # a hair early counts: a hook called every 0.5 s must not slip to every 1.5 s
             if age < 0.9 * self.gap_s:
                 return False
-            took = self.last.get("round_s")
-            if (free_s is not None and isinstance(took, float) and took > free_s
-                    and age < 1.5 * self.gap_s):
+            if free_s is not None and self._round_s > free_s and age < 1.5 * self.gap_s:
                 return False
         self.sample(now_s)
         return True

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import resource
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+
+import urllib3
 
 from autoscaler.observe.prometheus import check_value
 from autoscaler.observe.queries import SUMMARY_WINDOW_S
@@ -156,15 +159,10 @@ class HttpFetch:
     """
 
     def __init__(self, connections: int = 1, proxy: str | None = None, hosts: int = 4096) -> None:
-        import resource
-
-        import urllib3
-
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != resource.RLIM_INFINITY:
             hosts = max(16, min(hosts, soft // 4))
         self.hosts = hosts
-        self._timeout = urllib3.Timeout
         if proxy:
             self._http = urllib3.ProxyManager(proxy, maxsize=max(1, connections), retries=False)
         else:
@@ -172,7 +170,7 @@ class HttpFetch:
             self._http = urllib3.PoolManager(num_pools=hosts, maxsize=2, retries=False)
 
     def __call__(self, url: str, timeout_s: float) -> str:
-        r = self._http.request("GET", url, timeout=self._timeout(total=timeout_s), retries=False,
+        r = self._http.request("GET", url, timeout=urllib3.Timeout(total=timeout_s), retries=False,
                                redirect=False)
         if r.status != 200:
             raise FetchError(f"HTTP {r.status} from {url}")
