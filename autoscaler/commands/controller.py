@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import socket
+import tempfile
 import threading
 from typing import Annotated, Any
 
@@ -92,18 +93,18 @@ def _tls_or_exit(
 AUTH_CM = ("kube-system", "extension-apiserver-authentication")
 
 
-def cluster_client_ca(rest: Any, tls: Any) -> Any:
+def cluster_client_ca(rest: Any, tls: Any, directory: Any) -> Any:
     """``tls`` with the aggregator's client CA (and allowed names) read from the cluster, or exit 2.
 
     The API server publishes its front-proxy CA in the ConfigMap
     kube-system/extension-apiserver-authentication (key
     ``requestheader-client-ca-file``, with ``requestheader-allowed-names`` as a
     JSON list); k8s/base grants read on it. It cannot be mounted into a pod of
-    another namespace, so it is written to a private temporary file. Explicit
-    ``--requestheader-allowed-names`` win over the ConfigMap's.
+    another namespace, so it is written into ``directory``, which the caller owns and
+    removes when the server stops. Explicit ``--requestheader-allowed-names`` win over the
+    ConfigMap's.
     """
     import dataclasses
-    import tempfile
     from pathlib import Path
 
     from autoscaler.act.kubernetes.client import KubeError
@@ -135,7 +136,7 @@ def cluster_client_ca(rest: Any, tls: Any) -> Any:
                     f"--client-ca-from-cluster: requestheader-allowed-names in {where} is not a JSON list, got {raw!r}"
                 ]
             )
-    path = Path(tempfile.mkdtemp(prefix="migscale-ca-")) / "requestheader-client-ca.crt"
+    path = Path(directory) / "requestheader-client-ca.crt"
     path.write_text(pem)
     return dataclasses.replace(tls, client_ca_file=str(path), allowed_names=names)
 
@@ -380,13 +381,15 @@ def register(app: typer.Typer) -> None:
             finally:
                 ctl.close()
             raise typer.Exit(0 if result.ok else 1)
-        if client_ca_from_cluster:
-            try:
-                tls = cluster_client_ca(kube.rest, tls)
-            except typer.Exit:
-                ctl.close()
-                raise
-        _serve(ctl, host, port, tls, cluster_cfg.namespace)
+        # the cluster's CA lives in a private directory for as long as the server does
+        with tempfile.TemporaryDirectory(prefix="migscale-ca-") as ca_dir:
+            if client_ca_from_cluster:
+                try:
+                    tls = cluster_client_ca(kube.rest, tls, ca_dir)
+                except typer.Exit:
+                    ctl.close()
+                    raise
+            _serve(ctl, host, port, tls, cluster_cfg.namespace)
 
 
 def _migmodel_namespaces(option: str | None, models_path: str) -> list[str] | None:

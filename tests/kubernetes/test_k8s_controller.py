@@ -331,8 +331,8 @@ def test_cli_bad_config_exits_2(configs):
     assert out.exit_code == 2 and "tick_s" in out.output and "Traceback" not in out.output
 
 
-def test_sigterm_stops_the_controller_and_releases_the_lease(fake, configs, prometheus):
-    """A real process: serve over plain HTTP, hold the lease, SIGTERM -> exit 0 with the lease given back."""
+def _controller_process(fake, configs, prometheus, *serving: str, env: dict[str, str] | None = None):
+    """A real controller process that has taken the lease and acted (a Deployment exists)."""
     fake.put_object(gpu_node("node-a", {"1g.10gb": 7}, config="all-1g.10gb"))
     cmd = [
         sys.executable,
@@ -349,7 +349,7 @@ def test_sigterm_stops_the_controller_and_releases_the_lease(fake, configs, prom
         "pod-1",
         "--lease-namespace",
         LEASE_NS,
-        "--insecure-http",
+        *serving,
         "--port",
         "0",
     ]
@@ -358,22 +358,66 @@ def test_sigterm_stops_the_controller_and_releases_the_lease(fake, configs, prom
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        lease = fake.get("Lease", "migscale-controller", LEASE_NS)
+        if lease and lease["spec"].get("holderIdentity") == "pod-1" and fake.get("Deployment", DEPLOY):
+            break
+        time.sleep(0.1)
+    return proc
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    """SIGTERM, then its stderr; the process must exit 0."""
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    return err
+
+
+def test_sigterm_stops_the_controller_and_releases_the_lease(fake, configs, prometheus):
+    """A real process: serve over plain HTTP, hold the lease, SIGTERM -> exit 0 with the lease given back."""
+    proc = _controller_process(fake, configs, prometheus, "--insecure-http")
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None:
-            lease = fake.get("Lease", "migscale-controller", LEASE_NS)
-            if lease and lease["spec"].get("holderIdentity") == "pod-1" and fake.get("Deployment", DEPLOY):
-                break
-            time.sleep(0.1)
         assert proc.poll() is None, proc.communicate()
         assert fake.get("Deployment", DEPLOY) is not None  # it acted
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-        assert proc.returncode == 0, err
-        assert "lease released" in err
+        assert "lease released" in _stop(proc)
         assert "holderIdentity" not in fake.get("Lease", "migscale-controller", LEASE_NS)["spec"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_the_clusters_client_ca_file_lives_as_long_as_the_controller(fake, configs, prometheus, tmp_path):
+    """--client-ca-from-cluster writes the CA into a private directory, gone when the process stops."""
+    import trustme
+
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    server.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
+    server.cert_chain_pems[0].write_to_path(str(tmp_path / "tls.crt"))
+    fake.put_object(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "extension-apiserver-authentication", "namespace": "kube-system"},
+            "data": {"requestheader-client-ca-file": ca.cert_pem.bytes().decode()},
+        }
+    )
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    tls = ["--tls-cert", str(tmp_path / "tls.crt"), "--tls-key", str(tmp_path / "tls.key"),
+           "--client-ca-from-cluster"]
+    proc = _controller_process(fake, configs, prometheus, *tls, env={"TMPDIR": str(tmp)})
+    try:
+        assert proc.poll() is None, proc.communicate()
+        written = list(tmp.glob("migscale-ca-*/requestheader-client-ca.crt"))
+        assert len(written) == 1 and written[0].read_text() == ca.cert_pem.bytes().decode()
+        _stop(proc)
+        assert list(tmp.iterdir()) == []
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -481,8 +525,11 @@ def test_client_ca_from_the_cluster_admits_only_the_front_proxy(fake, connect, m
             },
         }
     )
-    tls = cluster_client_ca(connect(), TlsSettings(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key")))
-    assert tls.allowed_names == ("front-proxy-client",) and Path(tls.client_ca_file).is_file()
+    (tmp_path / "ca").mkdir()
+    tls = cluster_client_ca(connect(), TlsSettings(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key")),
+                            tmp_path / "ca")
+    assert tls.allowed_names == ("front-proxy-client",)
+    assert Path(tls.client_ca_file).parent == tmp_path / "ca" and Path(tls.client_ca_file).is_file()
     ctl = make_controller("a", VirtualClock(T0))
     handle = ctl.start_api("127.0.0.1", 0, tls)
     ctl.check_lease()
@@ -499,14 +546,14 @@ def test_client_ca_from_the_cluster_admits_only_the_front_proxy(fake, connect, m
         assert stranger.get(f"{handle.url}/v1/status").status_code == 403
 
 
-def test_client_ca_from_the_cluster_missing_exits_2(fake, connect, capsys):
+def test_client_ca_from_the_cluster_missing_exits_2(fake, connect, capsys, tmp_path):
     import typer
 
     from autoscaler.api.tls import TlsSettings
     from autoscaler.commands.controller import cluster_client_ca
 
     with pytest.raises(typer.Exit) as exc:
-        cluster_client_ca(connect(), TlsSettings("tls.crt", "tls.key"))
+        cluster_client_ca(connect(), TlsSettings("tls.crt", "tls.key"), tmp_path)
     assert exc.value.exit_code == 2
     assert "extension-apiserver-authentication has no requestheader-client-ca-file" in capsys.readouterr().err
 
