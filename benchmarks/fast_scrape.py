@@ -297,16 +297,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pods", default="50,200,500,1000,2000", help="fleet sizes, comma-separated")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--silent-at", type=int, default=200, help="the fleet size also run with 5%% of pods silent")
+    ap.add_argument("--silent-at", type=int, default=200,
+                    help="the fleet size also run with 5%% of pods silent (0: none)")
     ap.add_argument("--out", default=str(RESULTS / "fast_scrape.json"))
     ap.add_argument("--direct", default="200,1000",
                     help="fleet sizes whose pods are each their own listener (no proxy), comma-separated; '' for none")
     ap.add_argument("--no-triton", action="store_true", help="skip the per-fetch figures against a real tritonserver")
     args = ap.parse_args(argv)
-    sizes = [int(x) for x in args.pods.split(",")]
+    sizes = [int(x) for x in args.pods.split(",") if x]
+    if any(n <= 0 for n in sizes) or args.silent_at < 0 or args.rounds <= 0:
+        ap.error(f"--pods: fleet sizes > 0, --silent-at >= 0, --rounds > 0; got {args.pods!r}, "
+                 f"{args.silent_at}, {args.rounds}")
     result: dict = {"pods": {}, "silent_5pct": {}}
     runs = [(n, 0, result["pods"]) for n in sizes]
-    runs.append((args.silent_at, max(1, args.silent_at // 20), result["silent_5pct"]))
+    if args.silent_at:
+        runs.append((args.silent_at, max(1, args.silent_at // 20), result["silent_5pct"]))
     for n, silent, into in runs:
         parent, child = mp.Pipe()
         proc = mp.get_context("fork").Process(target=network, args=(child, n, silent), daemon=True)

@@ -23,7 +23,9 @@ from __future__ import annotations
 import itertools
 import math
 import resource
-from collections import deque
+import threading
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -151,6 +153,9 @@ class HttpFetch:
     ``hosts``: how many hosts' connections are kept (least recently used first out), bounded
     by a quarter of the process's file-descriptor limit so idle sockets cannot starve the
     rest of the controller; a fleet larger than that reconnects to some pods each round.
+    ``idle_s``: a host not fetched for that long has its connection closed (Go's default
+    transport keeps an idle connection 90 s), so a pod that is gone does not hold a socket
+    until the bound pushes it out; every live target is fetched far more often than that.
     ``proxy``: every fetch through that HTTP proxy over up to ``connections`` connections
     (a controller outside the pod network, and the emulated pod network in the tests).
     The environment's proxy settings are never used: pods reach pods directly, and
@@ -158,26 +163,68 @@ class HttpFetch:
     gap in the scrape, and its timeout bounds the whole fetch, connect and read together.
     """
 
-    def __init__(self, connections: int = 1, proxy: str | None = None, hosts: int = 4096) -> None:
+    def __init__(self, connections: int = 1, proxy: str | None = None, hosts: int = 4096,
+                 idle_s: float = 90.0, clock: Callable[[], float] = time.monotonic) -> None:
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != resource.RLIM_INFINITY:
             hosts = max(16, min(hosts, soft // 4))
         self.hosts = hosts
-        if proxy:
-            self._http = urllib3.ProxyManager(proxy, maxsize=max(1, connections), retries=False)
-        else:
-            # a second connection to one host only when two threads fetch it at once
-            self._http = urllib3.PoolManager(num_pools=hosts, maxsize=2, retries=False)
+        self.idle_s = idle_s
+        self._clock = clock
+        self._proxy = urllib3.ProxyManager(proxy, maxsize=max(1, connections), retries=False) if proxy else None
+        # (scheme, host, port) -> (pool, last fetched), least recently fetched first
+        self._pools: OrderedDict[tuple[str, str, int], tuple[urllib3.HTTPConnectionPool, float]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def __call__(self, url: str, timeout_s: float) -> str:
-        r = self._http.request("GET", url, timeout=urllib3.Timeout(total=timeout_s), retries=False,
-                               redirect=False)
+        timeout = urllib3.Timeout(total=timeout_s)
+        if self._proxy is not None:
+            r = self._proxy.request("GET", url, timeout=timeout, retries=False, redirect=False)
+        else:
+            u = urllib3.util.parse_url(url)
+            r = self._pool(u).request("GET", u.request_uri, timeout=timeout, retries=False, redirect=False)
         if r.status != 200:
             raise FetchError(f"HTTP {r.status} from {url}")
         return r.data.decode("utf-8")
 
+    def _pool(self, u: urllib3.util.Url) -> urllib3.HTTPConnectionPool:
+        scheme = u.scheme or "http"
+        key = (scheme, u.host or "", u.port or (443 if scheme == "https" else 80))
+        now = self._clock()
+        gone: list[urllib3.HTTPConnectionPool] = []
+        with self._lock:
+            kept = self._pools.pop(key, None)
+            if kept is not None:
+                pool = kept[0]
+            else:
+                # a second connection to one host only when two threads fetch it at once
+                cls = urllib3.HTTPSConnectionPool if scheme == "https" else urllib3.HTTPConnectionPool
+                pool = cls(key[1], key[2], maxsize=2, retries=False)
+            self._pools[key] = (pool, now)
+            while self._pools:
+                oldest, (old_pool, used) = next(iter(self._pools.items()))
+                if len(self._pools) <= self.hosts and now - used < self.idle_s:
+                    break
+                del self._pools[oldest]
+                gone.append(old_pool)
+        for p in gone:
+            p.close()
+        return pool
+
+    @property
+    def kept_hosts(self) -> int:
+        """How many hosts' connections are kept now."""
+        with self._lock:
+            return len(self._pools)
+
     def close(self) -> None:
-        self._http.clear()
+        with self._lock:
+            pools = [p for p, _ in self._pools.values()]
+            self._pools.clear()
+        for p in pools:
+            p.close()
+        if self._proxy is not None:
+            self._proxy.clear()
 
 
 class ScrapeSource:

@@ -663,5 +663,5 @@ def test_cli_runs_the_pods_fast_scrape_unless_told_not_to(fake, configs, monkeyp
         from autoscaler.observe.scrape import HttpFetch
 
         # pods reached directly: urllib3's own pools, which never take a proxy from the environment
-        assert isinstance(fast._client, HttpFetch) and fast._client._http.proxy is None
+        assert isinstance(fast._client, HttpFetch) and fast._client._proxy is None
         assert fast._pool._shutdown  # closed with the controller

@@ -408,3 +408,47 @@ def test_the_connections_kept_are_bounded_by_the_file_descriptor_limit(monkeypat
     monkeypatch.setattr(resource, "getrlimit", lambda _what: (1 << 20, 1 << 20))
     assert HttpFetch().hosts == 4096
     assert HttpFetch(hosts=100).hosts == 100
+
+
+def test_a_host_not_fetched_for_the_idle_time_has_its_connection_closed(pages):
+    """A pod that left the targets gives its socket back after ``idle_s``, not only when the
+    bound on hosts pushes it out; the next fetch of it opens a new connection."""
+    from autoscaler.observe.scrape import HttpFetch
+
+    other = _Pages()
+    now = [0.0]
+    fetch = HttpFetch(idle_s=90.0, clock=lambda: now[0])
+    try:
+        fetch(pages.url + "/metrics", 2.0)
+        now[0] = 60.0
+        fetch(other.url + "/metrics", 2.0)
+        fetch(pages.url + "/metrics", 2.0)  # 60 s idle: the same connection
+        assert fetch.kept_hosts == 2 and len(set(pages.ports)) == 1
+        now[0] = 160.0
+        fetch(other.url + "/metrics", 2.0)  # the first host idled 100 s: closed
+        assert fetch.kept_hosts == 1
+        fetch(pages.url + "/metrics", 2.0)
+        assert len(pages.ports) == 3 and len(set(pages.ports)) == 2
+        assert len(set(other.ports)) == 1
+    finally:
+        fetch.close()
+        other.close()
+    assert fetch.kept_hosts == 0
+
+
+def test_past_the_bound_the_least_recently_fetched_host_goes_first(pages):
+    from autoscaler.observe.scrape import HttpFetch
+
+    other = _Pages()
+    fetch = HttpFetch()
+    fetch.hosts = 1
+    try:
+        fetch(pages.url + "/metrics", 2.0)
+        fetch(other.url + "/metrics", 2.0)
+        assert fetch.kept_hosts == 1
+        fetch(other.url + "/metrics", 2.0)  # kept: reused
+        fetch(pages.url + "/metrics", 2.0)  # pushed out: a new connection
+        assert len(set(other.ports)) == 1 and len(set(pages.ports)) == 2
+    finally:
+        fetch.close()
+        other.close()
