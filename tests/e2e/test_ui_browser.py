@@ -91,10 +91,8 @@ def test_every_replica_on_its_gpu_slot_then_scale_up_appears(served, browser):
         page.evaluate("window.__no_reload = 42")
         obs, plan, cluster = demo_tick(time.time(), extra_replica=True)
         state.update(obs, plan, cluster, demo_models(), slo_p99_ms={"resnet": 50.0, "bert": 200.0})
-        t0 = time.monotonic()
         page.wait_for_selector("article.gpu[data-gpu='node-a/1'] .inst[data-start='6'] "
                                ".rep[data-replica='resnet-2']", timeout=5_000)
-        assert time.monotonic() - t0 < 5.0
         assert page.evaluate("window.__no_reload") == 42
         assert _replicas_on_page(page)["resnet-2"] == ["node-a/1", "6", "starting"]
         assert page.locator("article.gpu[data-gpu='node-a/1'] .inst.planned").count() == 0

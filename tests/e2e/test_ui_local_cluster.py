@@ -104,10 +104,8 @@ def test_local_cluster_replicas_on_their_slots_and_scale_up(stack):
                                          profile="3g.40gb", start=0)])
             assert errs == []
             new = next(r for r in cluster.snapshot().replicas if r.start == 0)
-            t0 = time.monotonic()
             page.wait_for_selector(
                 f"article.gpu[data-gpu='{GPU}'] .inst[data-start='0'] .rep[data-replica='{new.id}']", timeout=5_000)
-            assert time.monotonic() - t0 < 5.0
             assert page.evaluate("window.__no_reload") == 7
             errs = cluster.apply_and_wait([Action(ActionKind.WAIT_READY, Reason.SCALE_UP_DEMAND, replica=new.id)])
             assert errs == []
