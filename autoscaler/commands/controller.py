@@ -446,7 +446,26 @@ def build_fast_scrape(kube: Any, proxy: str | None) -> Any:
     apart instead of taking the CPU the ticks need (docs/kubernetes.md, "The fast path")."""
     from autoscaler.observe.fast import FastScrape
 
+    raise_open_files_limit()
     return FastScrape(kube.inventory.metrics_targets, workers=16, max_duty=0.25, proxy=proxy)
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise this process's soft limit on open files to its hard limit, as Go programs do at
+    start, and return (soft, hard) after. The scrape keeps a connection per pod for up to a
+    quarter of the soft limit; at the common soft limit of 1,024 that is 256 pods, and a
+    larger fleet fetched in turn would find none of its connections still open. Nothing here
+    waits with ``select()``, whose descriptors must stay below 1,024."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            return soft, hard  # a container may forbid it: the scrape's bound follows the old limit
+        soft = hard
+    return soft, hard
 
 
 def _serve(ctl: Any, host: str, port: int, tls: Any, namespace: str) -> None:

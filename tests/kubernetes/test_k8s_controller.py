@@ -635,6 +635,26 @@ def test_a_due_full_collection_runs_in_the_wait_between_ticks_never_in_a_tick(fa
     assert gc.get_freeze_count() == 0  # close gives the interpreter its settings back
 
 
+def test_the_pods_scrape_raises_the_open_files_limit_to_the_hard_one():
+    """Built at a soft limit of 256 (a process of its own, so this one's limit stays), the
+    scrape raises it to the hard limit first, and keeps connections for a quarter of that."""
+    code = (
+        "import resource, types\n"
+        "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "from autoscaler.commands.controller import build_fast_scrape\n"
+        "kube = types.SimpleNamespace(inventory=types.SimpleNamespace(metrics_targets=lambda: {}))\n"
+        "fast = build_fast_scrape(kube, None)\n"
+        "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard, fast._client.hosts)\n"
+        "fast.close()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    soft, hard, hosts = (int(x) for x in out.stdout.split())
+    assert hard > 256  # this machine's hard limit; the test needs room above the soft one
+    assert soft == hard and hosts == max(16, min(4096, hard // 4))
+
+
 @pytest.mark.parametrize(("flags", "built"), [([], True), (["--no-fast-scrape"], False)])
 def test_cli_runs_the_pods_fast_scrape_unless_told_not_to(fake, configs, monkeypatch, flags, built):
     """The controller's loop gets the 1 s pod scrape by default (16 at a time, a quarter of the
