@@ -391,8 +391,9 @@ def test_sigterm_stops_the_controller_and_releases_the_lease(fake, configs, prom
             proc.wait()
 
 
-def test_the_clusters_client_ca_file_lives_as_long_as_the_controller(fake, configs, prometheus, tmp_path):
-    """--client-ca-from-cluster writes the CA into a private directory, gone when the process stops."""
+def _front_proxy_ca(fake, tmp_path, data: dict[str, str] | None = None):
+    """A CA published as the API server does (kube-system/extension-apiserver-authentication),
+    and a serving certificate from it in tmp_path (tls.crt, tls.key)."""
     import trustme
 
     ca = trustme.CA()
@@ -404,9 +405,15 @@ def test_the_clusters_client_ca_file_lives_as_long_as_the_controller(fake, confi
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {"name": "extension-apiserver-authentication", "namespace": "kube-system"},
-            "data": {"requestheader-client-ca-file": ca.cert_pem.bytes().decode()},
+            "data": {"requestheader-client-ca-file": ca.cert_pem.bytes().decode(), **(data or {})},
         }
     )
+    return ca
+
+
+def test_the_clusters_client_ca_file_lives_as_long_as_the_controller(fake, configs, prometheus, tmp_path):
+    """--client-ca-from-cluster writes the CA into a private directory, gone when the process stops."""
+    ca = _front_proxy_ca(fake, tmp_path)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     tls = ["--tls-cert", str(tmp_path / "tls.crt"), "--tls-key", str(tmp_path / "tls.key"),
@@ -505,26 +512,10 @@ def test_metrics_api_over_tls_with_the_aggregator_client_certificate(make_contro
 def test_client_ca_from_the_cluster_admits_only_the_front_proxy(fake, connect, make_controller, tmp_path):
     import ssl
 
-    import trustme
-
     from autoscaler.api.tls import TlsSettings
     from autoscaler.commands.controller import cluster_client_ca
 
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1")
-    server.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
-    server.cert_chain_pems[0].write_to_path(str(tmp_path / "tls.crt"))
-    fake.put_object(
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": "extension-apiserver-authentication", "namespace": "kube-system"},
-            "data": {
-                "requestheader-client-ca-file": ca.cert_pem.bytes().decode(),
-                "requestheader-allowed-names": '["front-proxy-client"]',
-            },
-        }
-    )
+    ca = _front_proxy_ca(fake, tmp_path, {"requestheader-allowed-names": '["front-proxy-client"]'})
     (tmp_path / "ca").mkdir()
     tls = cluster_client_ca(connect(), TlsSettings(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key")),
                             tmp_path / "ca")
