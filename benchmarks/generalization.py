@@ -307,9 +307,9 @@ def summarise(runs: list[dict[str, Any]], seeds: tuple[int, ...], families: list
                 continue
             per_model: dict[str, list[float]] = {}
             for r in rs:
-                for m, v in r["per_model"].items():
+                for m, v in r.get("per_model", {}).items():  # absent in runs read back from a file
                     per_model.setdefault(m, []).append(v)
-            worst = min(per_model, key=lambda m: _mean(per_model[m]) or 0.0)
+            worst = min(per_model, key=lambda m: _mean(per_model[m]) or 0.0) if per_model else None
             o_h = sum(oracle[(r["family"], r["seed"])]["gpu_hours"] for r in rs if (r["family"], r["seed"]) in oracle)
             row[pol] = {
                 "knob": knob,
@@ -319,7 +319,7 @@ def summarise(runs: list[dict[str, Any]], seeds: tuple[int, ...], families: list
                 "gpu_hours": _r(_mean(r["gpu_hours"] for r in rs), 2),
                 "vs_oracle": _r(sum(r["gpu_hours"] for r in rs) / o_h, 3) if o_h else None,
                 "vs_reactive_bound": _r(_mean(r.get("vs_bound") for r in rs), 3),
-                "worst_model": {"model": worst, "attainment": _r(_mean(per_model[worst]))},
+                "worst_model": {"model": worst, "attainment": _r(_mean(per_model[worst]))} if worst else None,
                 "runs": len(rs),
             }
             if all("missed" in r for r in rs):
@@ -529,7 +529,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", default=None, help="JSONL of finished runs, reused when the code is the same")
     ap.add_argument("--out", default=str(RESULTS / "generalization.json"))
     ap.add_argument("--plot", default=str(RESULTS / "generalization-heldout.png"))
+    ap.add_argument("--pool", default=None,
+                    help="comma-separated result files of disjoint held-out seeds: their runs summarised "
+                         "together (no run is made; --out gets the pooled summary)")
     args = ap.parse_args(argv)
+    if args.pool:
+        return pool_results(args.pool.split(","), args.out)
     t_start = time.perf_counter()
     if args.migscale_knob is not None:
         name, values, _ = KNOBS["migscale"]
@@ -666,6 +671,49 @@ def main(argv: list[str] | None = None) -> int:
             plot_families(fam_front[label], out[label], _families_png(Path(args.plot)),
                           f"per family, seeds {list(half)}, {args.hours:g} h", seeds_label)
     emit(out, args.out)
+    return 0
+
+
+def pool_results(paths: list[str], out_path: str | None) -> int:
+    """The held-out runs of several result files summarised as one set of seeds: the same
+    families, hours and default knobs, disjoint seeds. Each file's code hash is kept beside its
+    seeds; whether the codes simulate alike is for the reader to know (the README says)."""
+    docs = []
+    for p in paths:
+        try:
+            docs.append(json.loads(Path(p).read_text()))
+        except (OSError, ValueError) as exc:
+            print(f"generalization: --pool: cannot read {p!r}: {exc}", file=sys.stderr)
+            return 2
+    first = docs[0]["setup"]
+    seen: set[int] = set()
+    for p, d in zip(paths, docs):
+        su = d["setup"]
+        held = set(su.get("heldout_seeds") or [])
+        same = su["families"] == first["families"] and su["hours"] == first["hours"] \
+            and su.get("backend") == first.get("backend") and su.get("shed_at_slo") == first.get("shed_at_slo")
+        if not held or not same or held & seen:
+            print(f"generalization: --pool: {p!r} needs held-out seeds of its own and the first file's families, "
+                  f"hours, backend and shedding; got seeds {sorted(held)}, families {su['families']}, "
+                  f"hours {su['hours']}", file=sys.stderr)
+            return 2
+        seen |= held
+    pick = {pol: row["knob"] for pol, row in docs[0]["heldout"]["overall"].items() if "knob" in row}
+    for p, d in zip(paths, docs):
+        other = {pol: row["knob"] for pol, row in d["heldout"]["overall"].items() if "knob" in row}
+        if other != pick:
+            print(f"generalization: --pool: {p!r} ran the defaults {other}, the first file {pick}", file=sys.stderr)
+            return 2
+    seeds = tuple(sorted(seen))
+    runs = [r for d in docs for r in d["runs"] if r["seed"] in seen]
+    summ = summarise(runs, seeds, first["families"], pick)
+    out = {"setup": {"families": first["families"], "hours": first["hours"], "heldout_seeds": list(seeds),
+                     "backend": first.get("backend"), "shed_at_slo": first.get("shed_at_slo"),
+                     "sources": [{"file": p, "code": d["setup"]["code"], "heldout_seeds": d["setup"]["heldout_seeds"]}
+                                 for p, d in zip(paths, docs)]},
+           "heldout": summ,
+           "targets": targets(summ, first["families"], runs, seeds)}
+    emit(out, out_path)
     return 0
 
 

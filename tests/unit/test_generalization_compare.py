@@ -120,3 +120,41 @@ def test_misses_are_split_by_how_long_the_model_had_been_short():
                                  "capacity_met": 10 / 2000})
     served = np.nansum(demand * np.nan_to_num(att, nan=1.0)) / demand.sum()
     assert sum(got.values()) == pytest.approx(1 - served)
+
+
+def _result(seeds: list[int], att: dict[int, float], code: str) -> dict:
+    """A result file's shape, as far as pooling reads it: two policies on two families."""
+    runs = []
+    for s in seeds:
+        for fam, shift in (("steps", 0.0), ("mixed", -0.01)):
+            runs.append({"family": fam, "seed": s, "policy": "oracle", "knob": None, "attainment": 1.0,
+                         "gpu_hours": 40.0, "hours": 8.0, "wall_s": 1.0})
+            runs.append({"family": fam, "seed": s, "policy": "migscale", "knob": 0.9, "attainment": att[s] + shift,
+                         "gpu_hours": 80.0, "hours": 8.0, "wall_s": 2.0, "vs_bound": 1.5})
+            runs.append({"family": fam, "seed": s, "policy": "hpa-util", "knob": 0.7, "attainment": att[s] + shift - 0.04,
+                         "gpu_hours": 90.0, "hours": 8.0, "wall_s": 1.0, "vs_bound": 2.0})
+    overall = {"migscale": {"knob": 0.9}, "hpa-util": {"knob": 0.7}, "oracle": {}}
+    return {"setup": {"families": ["steps", "mixed"], "hours": 8.0, "heldout_seeds": seeds, "code": code,
+                      "backend": "sim", "shed_at_slo": False},
+            "heldout": {"overall": overall}, "runs": runs}
+
+
+def test_held_out_files_of_disjoint_seeds_pool_into_one_set_of_seeds(tmp_path):
+    import generalization as g
+
+    a = tmp_path / "a.json"
+    b = tmp_path / "b.json"
+    a.write_text(json.dumps(_result([6, 7], {6: 0.995, 7: 0.985}, "aaa")))
+    b.write_text(json.dumps(_result([11, 12], {11: 0.975, 12: 0.985}, "bbb")))
+    out = tmp_path / "pooled.json"
+    assert g.main(["--pool", f"{a},{b}", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    ours = got["heldout"]["overall"]["migscale"]
+    # four seeds, each the mean of its two families (x - 0.005): 0.990, 0.980, 0.970, 0.980
+    assert ours["attainment_interval"]["seeds"] == 4
+    assert ours["attainment"] == pytest.approx(0.98)
+    assert got["targets"]["mean_attainment>=0.99"]["met"] is False
+    assert got["heldout"]["overall"]["hpa-util"]["migscale_minus_this"]["attainment"]["mean"] == pytest.approx(0.04)
+    assert [s["code"] for s in got["setup"]["sources"]] == ["aaa", "bbb"]
+    # the same seeds twice are not more seeds
+    assert g.main(["--pool", f"{a},{a}", "--out", str(out)]) == 2
