@@ -7,7 +7,8 @@ steps, weekly, mixed) x ten seeds. Seeds 1-5 are the **development** half:
 defaults may be chosen on them. Seeds 6-10 are **held out**: they are only
 reported, separately, and the README's headline figures come from them. Any
 seed past 10 is held out too (``--seeds 11-20``: a second unseen set, run once
-on the shipped defaults to narrow the held-out interval).
+on the shipped defaults to narrow the held-out interval); ``--pool`` summarises
+result files of disjoint held-out seeds as one set.
 
 Per family and overall, per policy: mean SLO attainment, GPU-hours, the ratio
 to the oracle (held to the fleet's 16 GPUs, its own attainment reported too)
