@@ -381,14 +381,16 @@ def register(app: typer.Typer) -> None:
             finally:
                 ctl.close()
             raise typer.Exit(0 if result.ok else 1)
+        if not client_ca_from_cluster:
+            _serve(ctl, host, port, tls, cluster_cfg.namespace)
+            return
         # the cluster's CA lives in a private directory for as long as the server does
         with tempfile.TemporaryDirectory(prefix="migscale-ca-") as ca_dir:
-            if client_ca_from_cluster:
-                try:
-                    tls = cluster_client_ca(kube.rest, tls, ca_dir)
-                except typer.Exit:
-                    ctl.close()
-                    raise
+            try:
+                tls = cluster_client_ca(kube.rest, tls, ca_dir)
+            except typer.Exit:
+                ctl.close()
+                raise
             _serve(ctl, host, port, tls, cluster_cfg.namespace)
 
 

@@ -377,11 +377,14 @@ def _stop(proc: subprocess.Popen) -> str:
     return err
 
 
-def test_sigterm_stops_the_controller_and_releases_the_lease(fake, configs, prometheus):
+def test_sigterm_stops_the_controller_and_releases_the_lease(fake, configs, prometheus, tmp_path):
     """A real process: serve over plain HTTP, hold the lease, SIGTERM -> exit 0 with the lease given back."""
-    proc = _controller_process(fake, configs, prometheus, "--insecure-http")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = _controller_process(fake, configs, prometheus, "--insecure-http", env={"TMPDIR": str(tmp)})
     try:
         assert proc.poll() is None, proc.communicate()
+        assert list(tmp.iterdir()) == []  # no CA to keep: no directory for one, even if it is killed
         assert fake.get("Deployment", DEPLOY) is not None  # it acted
         assert "lease released" in _stop(proc)
         assert "holderIdentity" not in fake.get("Lease", "migscale-controller", LEASE_NS)["spec"]
