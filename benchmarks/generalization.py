@@ -693,10 +693,14 @@ def pool_results(paths: list[str], out_path: str | None) -> int:
         held = set(su.get("heldout_seeds") or [])
         same = su["families"] == first["families"] and su["hours"] == first["hours"] \
             and su.get("backend") == first.get("backend") and su.get("shed_at_slo") == first.get("shed_at_slo")
-        if not held or not same or held & seen:
-            print(f"generalization: --pool: {p!r} needs held-out seeds of its own and the first file's families, "
-                  f"hours, backend and shedding; got seeds {sorted(held)}, families {su['families']}, "
-                  f"hours {su['hours']}", file=sys.stderr)
+        if not held or held & seen:
+            print(f"generalization: --pool: {p!r} needs held-out seeds no other file has; got {sorted(held)}, "
+                  f"already pooled {sorted(seen)}", file=sys.stderr)
+            return 2
+        if not same:
+            print(f"generalization: --pool: {p!r} needs the first file's families, hours, backend and shedding; "
+                  f"got {su['families']}, {su['hours']} h, {su.get('backend')}, shed {su.get('shed_at_slo')}",
+                  file=sys.stderr)
             return 2
         seen |= held
     pick = {pol: row["knob"] for pol, row in docs[0]["heldout"]["overall"].items() if "knob" in row}

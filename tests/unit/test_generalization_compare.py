@@ -156,5 +156,10 @@ def test_held_out_files_of_disjoint_seeds_pool_into_one_set_of_seeds(tmp_path):
     assert got["targets"]["mean_attainment>=0.99"]["met"] is False
     assert got["heldout"]["overall"]["hpa-util"]["migscale_minus_this"]["attainment"]["mean"] == pytest.approx(0.04)
     assert [s["code"] for s in got["setup"]["sources"]] == ["aaa", "bbb"]
-    # the same seeds twice are not more seeds
+    # the same seeds twice are not more seeds, nor are two worlds one
     assert g.main(["--pool", f"{a},{a}", "--out", str(out)]) == 2
+    other = _result([13], {13: 0.99}, "ccc")
+    other["setup"]["backend"] = "kubernetes"
+    c = tmp_path / "c.json"
+    c.write_text(json.dumps(other))
+    assert g.main(["--pool", f"{a},{c}", "--out", str(out)]) == 2
