@@ -686,31 +686,32 @@ def pool_results(paths: list[str], out_path: str | None) -> int:
         except (OSError, ValueError) as exc:
             print(f"generalization: --pool: cannot read {p!r}: {exc}", file=sys.stderr)
             return 2
-    first = docs[0]["setup"]
+
+    def picks(doc: dict[str, Any]) -> dict[str, Any]:
+        return {pol: row["knob"] for pol, row in doc["heldout"]["overall"].items() if "knob" in row}
+
+    first, pick = docs[0]["setup"], picks(docs[0])
+    runs: list[dict[str, Any]] = []
     seen: set[int] = set()
     for p, d in zip(paths, docs):
         su = d["setup"]
         held = set(su.get("heldout_seeds") or [])
-        same = su["families"] == first["families"] and su["hours"] == first["hours"] \
-            and su.get("backend") == first.get("backend") and su.get("shed_at_slo") == first.get("shed_at_slo")
         if not held or held & seen:
             print(f"generalization: --pool: {p!r} needs held-out seeds no other file has; got {sorted(held)}, "
                   f"already pooled {sorted(seen)}", file=sys.stderr)
             return 2
-        if not same:
+        if (su["families"], su["hours"], su.get("backend"), su.get("shed_at_slo")) != \
+                (first["families"], first["hours"], first.get("backend"), first.get("shed_at_slo")):
             print(f"generalization: --pool: {p!r} needs the first file's families, hours, backend and shedding; "
                   f"got {su['families']}, {su['hours']} h, {su.get('backend')}, shed {su.get('shed_at_slo')}",
                   file=sys.stderr)
             return 2
-        seen |= held
-    pick = {pol: row["knob"] for pol, row in docs[0]["heldout"]["overall"].items() if "knob" in row}
-    for p, d in zip(paths, docs):
-        other = {pol: row["knob"] for pol, row in d["heldout"]["overall"].items() if "knob" in row}
-        if other != pick:
-            print(f"generalization: --pool: {p!r} ran the defaults {other}, the first file {pick}", file=sys.stderr)
+        if picks(d) != pick:
+            print(f"generalization: --pool: {p!r} ran the defaults {picks(d)}, the first file {pick}", file=sys.stderr)
             return 2
+        seen |= held
+        runs += [r for r in d["runs"] if r["seed"] in held]
     seeds = tuple(sorted(seen))
-    runs = [r for d in docs for r in d["runs"] if r["seed"] in seen]
     summ = summarise(runs, seeds, first["families"], pick)
     out = {"setup": {"families": first["families"], "hours": first["hours"], "heldout_seeds": list(seeds),
                      "backend": first.get("backend"), "shed_at_slo": first.get("shed_at_slo"),

@@ -22,6 +22,7 @@ import signal
 import socket
 import tempfile
 import threading
+from contextlib import nullcontext
 from typing import Annotated, Any
 
 import typer
@@ -381,16 +382,15 @@ def register(app: typer.Typer) -> None:
             finally:
                 ctl.close()
             raise typer.Exit(0 if result.ok else 1)
-        if not client_ca_from_cluster:
-            _serve(ctl, host, port, tls, cluster_cfg.namespace)
-            return
         # the cluster's CA lives in a private directory for as long as the server does
-        with tempfile.TemporaryDirectory(prefix="migscale-ca-") as ca_dir:
-            try:
-                tls = cluster_client_ca(kube.rest, tls, ca_dir)
-            except typer.Exit:
-                ctl.close()
-                raise
+        ca_dir = tempfile.TemporaryDirectory(prefix="migscale-ca-") if client_ca_from_cluster else nullcontext()
+        with ca_dir as directory:
+            if directory is not None:
+                try:
+                    tls = cluster_client_ca(kube.rest, tls, directory)
+                except typer.Exit:
+                    ctl.close()
+                    raise
             _serve(ctl, host, port, tls, cluster_cfg.namespace)
 
 
@@ -452,9 +452,9 @@ def build_fast_scrape(kube: Any, proxy: str | None) -> Any:
     return FastScrape(kube.inventory.metrics_targets, workers=16, max_duty=0.25, proxy=proxy)
 
 
-def raise_open_files_limit() -> tuple[int, int]:
+def raise_open_files_limit() -> None:
     """Raise this process's soft limit on open files to its hard limit, as Go programs do at
-    start, and return (soft, hard) after. The scrape keeps a connection per pod for up to a
+    start. The scrape keeps a connection per pod for up to a
     quarter of the soft limit; at the common soft limit of 1,024 that is 256 pods, and a
     larger fleet fetched in turn would find none of its connections still open. Nothing here
     waits with ``select()``, whose descriptors must stay below 1,024."""
@@ -465,9 +465,7 @@ def raise_open_files_limit() -> tuple[int, int]:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (ValueError, OSError):
-            return soft, hard  # a container may forbid it: the scrape's bound follows the old limit
-        soft = hard
-    return soft, hard
+            pass  # a container may forbid it: the scrape's bound follows the old limit
 
 
 def _serve(ctl: Any, host: str, port: int, tls: Any, namespace: str) -> None:
