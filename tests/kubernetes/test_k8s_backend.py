@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from controllers import DisruptionController
 from k8s_helpers import CFG, NS, RESNET, act, caught_up, gpu_node, pod, wait_until
 
 from autoscaler.act.kubernetes.client import KubeError
@@ -84,10 +85,38 @@ def test_drain_marks_the_chosen_pod_so_the_replicaset_removes_that_one(cluster, 
     caught_up(be, fake)
     be.apply([act("create", "resnet")] * 3)
     wait_until(lambda: sum(r.state is ReplicaState.READY for r in be.snapshot().replicas) == 3, what="3 ready")
+    names = sorted(r.id for r in be.snapshot().replicas)
+    victim = names[1]
+    assert be.apply([act("drain", "resnet", replica=victim), act("delete", "resnet", replica=victim)]) == []
+    # as the loop does, every tick advances what is under way (the budget may not yet count the third Ready pod)
+    wait_until(lambda: not be.advance() and fake.get("Pod", victim) is None, what="the chosen pod to go")
+    assert sorted(p["metadata"]["name"] for p in fake.list("Pod")
+                  if not p["metadata"].get("deletionTimestamp")) == [names[0], names[2]]
+
+
+def test_a_scale_down_waits_for_a_budget_that_does_not_yet_count_the_newest_ready_pod(cluster, backends):
+    # The disruption controller updates a budget's status after the kubelet marks a pod Ready: in
+    # between, the budget allows no disruption, and a Ready pod's removal waits for a later tick.
+    fake = cluster.fake
+    cluster.add_nodes(3, {"1g.10gb": 7})
+    be = backends([RESNET])
+    caught_up(be, fake)
+    be.apply([act("create", "resnet")] * 3)
+    wait_until(lambda: sum(r.state is ReplicaState.READY for r in be.snapshot().replicas) == 2, what="2 ready")
+    cluster.plane.held.add(DisruptionController)
+    wait_until(lambda: sum(r.state is ReplicaState.READY for r in be.snapshot().replicas) == 3, what="3 ready")
+    caught_up(be, fake)
+    assert fake.get("PodDisruptionBudget", "resnet-1g-10gb")["status"]["disruptionsAllowed"] == 0
     victim = sorted(r.id for r in be.snapshot().replicas)[1]
     assert be.apply([act("drain", "resnet", replica=victim), act("delete", "resnet", replica=victim)]) == []
-    wait_until(lambda: fake.get("Pod", victim) is None, what="the chosen pod to go")
-    assert len([p for p in fake.list("Pod") if not p["metadata"].get("deletionTimestamp")]) == 2
+    assert [c.why for c in be.rollout.chains] == ["the disruption budget of resnet-1g-10gb allows no disruption now"]
+    assert "resnet" in be.in_flight()[1]
+    for _ in range(5):
+        assert be.advance() == []
+    assert deployment_replicas(fake, "resnet-1g-10gb") == 3 and fake.get("Pod", victim) is not None
+    cluster.plane.held.clear()
+    wait_until(lambda: not be.advance() and fake.get("Pod", victim) is None, what="the chosen pod to go")
+    assert deployment_replicas(fake, "resnet-1g-10gb") == 2 and not be.rollout.chains
 
 
 def test_steady_ticks_send_no_request(cluster, backends):
