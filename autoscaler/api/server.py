@@ -31,7 +31,7 @@ def uvicorn_config(app: Any, *, tls: TlsSettings | None = None, log_level: str =
                    **kw: Any) -> uvicorn.Config:
     """uvicorn Config with our protocol (peer CN), the fastest loop available and TLS when given."""
     asgi = app
-    if tls is not None and tls.client_ca_file is not None:
+    if tls is not None and tls.verifies_clients:
         asgi = ClientAuthMiddleware(app, tls)
     extra = tls.uvicorn_kwargs() if tls is not None else {}
     return uvicorn.Config(

@@ -6,7 +6,10 @@ client certificate (``--proxy-client-cert-file``), signed by the
 requestheader CA. So migscale:
 
 1. serves HTTPS with the given certificate and key;
-2. verifies client certificates against ``client_ca_file``. A certificate
+2. verifies client certificates against ``client_ca_file`` (or
+   ``client_ca_pem``, the CA as text: the controller reads it from the
+   cluster and keeps it in memory, so no file outlives the process, however
+   it ends). A certificate
    from another CA fails the TLS handshake. A connection *without* a
    certificate is refused too -- at the handshake (``ssl.CERT_REQUIRED``)
    when ``open_paths`` is empty, or with a 401 Status on every path except
@@ -57,29 +60,35 @@ class TlsConfigError(ValueError):
 class TlsSettings:
     cert_file: str
     key_file: str
-    client_ca_file: str | None = None  # None: server TLS only, no client authentication
+    client_ca_file: str | None = None  # None (and no client_ca_pem): server TLS only, no client authentication
     allowed_names: tuple[str, ...] = ()  # empty: any certificate the CA signed
     # reachable without a client certificate (kubelet probes); () = CERT_REQUIRED at the handshake
     open_paths: tuple[str, ...] = PROBE_PATHS
+    client_ca_pem: str | None = None  # the client CA as PEM text, held in memory (instead of client_ca_file)
 
-    def check(self) -> None:
+    @property
+    def verifies_clients(self) -> bool:
+        return self.client_ca_file is not None or self.client_ca_pem is not None
+
+    def check(self, *, client_ca_to_come: bool = False) -> None:
+        """Raise TlsConfigError naming the option when a file is missing or does not load.
+
+        ``client_ca_to_come``: the client CA is added later (read from the cluster), so
+        allowed names without one yet are not an error."""
         for option, path in (("--tls-cert", self.cert_file), ("--tls-key", self.key_file),
                              ("--client-ca", self.client_ca_file)):
             if path is not None and not Path(path).is_file():
                 raise TlsConfigError(f"{option}: file not found, got {path!r}")
-        if self.allowed_names and self.client_ca_file is None:
+        if self.allowed_names and not (self.verifies_clients or client_ca_to_come):
             raise TlsConfigError(
                 "--requestheader-allowed-names: needs --client-ca (names come from verified client "
                 f"certificates), got {','.join(self.allowed_names)!r}"
             )
+        self.server_context()  # what the server will load, loaded now: a bad file is an error at start
 
     def uvicorn_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``uvicorn.Config``."""
-        kw: dict[str, Any] = {"ssl_certfile": self.cert_file, "ssl_keyfile": self.key_file}
-        if self.client_ca_file is not None:
-            kw["ssl_ca_certs"] = self.client_ca_file
-            kw["ssl_cert_reqs"] = self.cert_reqs
-        return kw
+        """Keyword arguments for ``uvicorn.Config``: the context :meth:`server_context` builds."""
+        return {"ssl_context_factory": lambda _config, _default: self.server_context()}
 
     @property
     def cert_reqs(self) -> ssl.VerifyMode:
@@ -87,12 +96,25 @@ class TlsSettings:
         return ssl.CERT_OPTIONAL if self.open_paths else ssl.CERT_REQUIRED
 
     def server_context(self) -> ssl.SSLContext:
-        """The SSLContext uvicorn builds from :meth:`uvicorn_kwargs` (for callers not using uvicorn)."""
+        """The server's SSLContext; TlsConfigError naming the option for what does not load."""
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.load_cert_chain(self.cert_file, self.key_file)
-        if self.client_ca_file is not None:
-            ctx.load_verify_locations(self.client_ca_file)
+        try:
+            ctx.load_cert_chain(self.cert_file, self.key_file)
+        except (ssl.SSLError, OSError) as exc:
+            raise TlsConfigError(
+                f"--tls-cert/--tls-key: not a PEM certificate and its key, got {self.cert_file!r} and "
+                f"{self.key_file!r}: {exc}"
+            ) from None
+        if self.verifies_clients:
+            try:
+                if self.client_ca_file is not None:
+                    ctx.load_verify_locations(cafile=self.client_ca_file)
+                if self.client_ca_pem is not None:
+                    ctx.load_verify_locations(cadata=self.client_ca_pem)
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                where = repr(self.client_ca_file) if self.client_ca_file is not None else "the CA's PEM text"
+                raise TlsConfigError(f"--client-ca: not a PEM CA certificate, got {where}: {exc}") from None
             ctx.verify_mode = self.cert_reqs
         return ctx
 

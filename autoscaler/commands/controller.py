@@ -20,9 +20,7 @@ import json
 import os
 import signal
 import socket
-import tempfile
 import threading
-from contextlib import nullcontext
 from typing import Annotated, Any
 
 import typer
@@ -59,8 +57,12 @@ def _tls_or_exit(
     insecure_http: bool,
     serving: bool,
     strict_client_auth: bool = False,
+    client_ca_from_cluster: bool = False,
 ) -> Any:
-    """TlsSettings, None for plain HTTP (only with --insecure-http), or exit 2."""
+    """TlsSettings, None for plain HTTP (only with --insecure-http), or exit 2.
+
+    ``client_ca_from_cluster``: the client CA is read from the cluster later, so allowed
+    names given without --client-ca are not an error."""
     from autoscaler.api.tls import PROBE_PATHS, TlsConfigError, TlsSettings
 
     names = tuple(n.strip() for n in (allowed_names or "").split(",") if n.strip())
@@ -72,7 +74,7 @@ def _tls_or_exit(
         open_paths = () if strict_client_auth else PROBE_PATHS
         tls = TlsSettings(tls_cert, tls_key, client_ca, names, open_paths=open_paths)  # type: ignore[arg-type]
         try:
-            tls.check()
+            tls.check(client_ca_to_come=client_ca_from_cluster)
         except TlsConfigError as exc:
             fail([str(exc)])
         return tls
@@ -94,19 +96,19 @@ def _tls_or_exit(
 AUTH_CM = ("kube-system", "extension-apiserver-authentication")
 
 
-def cluster_client_ca(rest: Any, tls: Any, directory: Any) -> Any:
+def cluster_client_ca(rest: Any, tls: Any) -> Any:
     """``tls`` with the aggregator's client CA (and allowed names) read from the cluster, or exit 2.
 
     The API server publishes its front-proxy CA in the ConfigMap
     kube-system/extension-apiserver-authentication (key
     ``requestheader-client-ca-file``, with ``requestheader-allowed-names`` as a
     JSON list); k8s/base grants read on it. It cannot be mounted into a pod of
-    another namespace, so it is written into ``directory``, which the caller owns and
-    removes when the server stops. Explicit ``--requestheader-allowed-names`` win over the
-    ConfigMap's.
+    another namespace, so the server keeps it in memory (``client_ca_pem``): no file
+    of it outlives the process, even one killed by SIGKILL. Explicit
+    ``--requestheader-allowed-names`` win over the ConfigMap's.
     """
     import dataclasses
-    from pathlib import Path
+    import ssl
 
     from autoscaler.act.kubernetes.client import KubeError
 
@@ -137,9 +139,11 @@ def cluster_client_ca(rest: Any, tls: Any, directory: Any) -> Any:
                     f"--client-ca-from-cluster: requestheader-allowed-names in {where} is not a JSON list, got {raw!r}"
                 ]
             )
-    path = Path(directory) / "requestheader-client-ca.crt"
-    path.write_text(pem)
-    return dataclasses.replace(tls, client_ca_file=str(path), allowed_names=names)
+    try:
+        ssl.create_default_context(cadata=pem)
+    except (ssl.SSLError, ValueError) as exc:
+        fail([f"--client-ca-from-cluster: requestheader-client-ca-file in {where} is not a PEM CA certificate: {exc}"])
+    return dataclasses.replace(tls, client_ca_pem=pem, allowed_names=names)
 
 
 def register(app: typer.Typer) -> None:
@@ -305,6 +309,7 @@ def register(app: typer.Typer) -> None:
             insecure_http,
             serving=not once,
             strict_client_auth=strict_client_auth,
+            client_ca_from_cluster=client_ca_from_cluster,
         )
         from autoscaler.act.kubernetes.leader import check_timings
 
@@ -382,16 +387,13 @@ def register(app: typer.Typer) -> None:
             finally:
                 ctl.close()
             raise typer.Exit(0 if result.ok else 1)
-        # the cluster's CA lives in a private directory for as long as the server does
-        ca_dir = tempfile.TemporaryDirectory(prefix="migscale-ca-") if client_ca_from_cluster else nullcontext()
-        with ca_dir as directory:
-            if directory is not None:
-                try:
-                    tls = cluster_client_ca(kube.rest, tls, directory)
-                except typer.Exit:
-                    ctl.close()
-                    raise
-            _serve(ctl, host, port, tls, cluster_cfg.namespace)
+        if client_ca_from_cluster:
+            try:
+                tls = cluster_client_ca(kube.rest, tls)
+            except typer.Exit:
+                ctl.close()
+                raise
+        _serve(ctl, host, port, tls, cluster_cfg.namespace)
 
 
 def _migmodel_namespaces(option: str | None, models_path: str) -> list[str] | None:

@@ -7,6 +7,7 @@ import http.server
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from k8s_helpers import gpu_node
+from k8s_helpers import gpu_node, wait_until
 from typer.testing import CliRunner
 
 from autoscaler.act.kubernetes.config import build_backend
@@ -331,7 +332,7 @@ def test_cli_bad_config_exits_2(configs):
     assert out.exit_code == 2 and "tick_s" in out.output and "Traceback" not in out.output
 
 
-def _controller_process(fake, configs, prometheus, *serving: str, env: dict[str, str] | None = None):
+def _controller_process(fake, configs, prometheus, *serving: str, port: int = 0, env: dict[str, str] | None = None):
     """A real controller process that has taken the lease and acted (a Deployment exists)."""
     fake.put_object(gpu_node("node-a", {"1g.10gb": 7}, config="all-1g.10gb"))
     cmd = [
@@ -351,7 +352,7 @@ def _controller_process(fake, configs, prometheus, *serving: str, env: dict[str,
         LEASE_NS,
         *serving,
         "--port",
-        "0",
+        str(port),
     ]
     proc = subprocess.Popen(
         cmd,
@@ -414,19 +415,50 @@ def _front_proxy_ca(fake, tmp_path, data: dict[str, str] | None = None):
     return ca
 
 
-def test_the_clusters_client_ca_file_lives_as_long_as_the_controller(fake, configs, prometheus, tmp_path):
-    """--client-ca-from-cluster writes the CA into a private directory, gone when the process stops."""
+def test_the_clusters_client_ca_is_never_written_to_disk(fake, configs, prometheus, tmp_path):
+    """--client-ca-from-cluster: the real process verifies client certificates against the
+    ConfigMap's CA, held in memory: nothing in TMPDIR while it runs, nor after a SIGKILL."""
+    import ssl
+
+    import trustme
+
     ca = _front_proxy_ca(fake, tmp_path)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     tls = ["--tls-cert", str(tmp_path / "tls.crt"), "--tls-key", str(tmp_path / "tls.key"),
            "--client-ca-from-cluster"]
-    proc = _controller_process(fake, configs, prometheus, *tls, env={"TMPDIR": str(tmp)})
+    proc = _controller_process(fake, configs, prometheus, *tls, port=port, env={"TMPDIR": str(tmp)})
+
+    def client(issuer) -> httpx.Client:
+        c = ssl.create_default_context()
+        ca.configure_trust(c)
+        issuer.issue_cert("front-proxy-client", common_name="front-proxy-client").configure_cert(c)
+        return httpx.Client(verify=c, timeout=5)
+
     try:
         assert proc.poll() is None, proc.communicate()
-        written = list(tmp.glob("migscale-ca-*/requestheader-client-ca.crt"))
-        assert len(written) == 1 and written[0].read_text() == ca.cert_pem.bytes().decode()
-        _stop(proc)
+        url = f"https://127.0.0.1:{port}/v1/status"
+        with client(ca) as proxy, client(trustme.CA()) as forged:
+            got: list[int] = []
+
+            def answered() -> bool:
+                try:
+                    got.append(proxy.get(url).status_code)
+                except httpx.ConnectError:
+                    return False
+                return True
+
+            wait_until(answered, 30, "the controller's HTTPS port")
+            assert got[-1] == 200
+            # another CA's certificate fails the handshake (TLS 1.3: the server closes after it)
+            with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
+                forged.get(url)
+        assert list(tmp.iterdir()) == []
+        proc.kill()
+        proc.wait(timeout=30)
         assert list(tmp.iterdir()) == []
     finally:
         if proc.poll() is None:
@@ -460,7 +492,7 @@ def test_deployment_manifest_args_parse_with_the_real_cli():
     assert p["tls_cert"] and p["tls_key"] and not p["insecure_http"] and not p["once"]
     assert p["client_ca_from_cluster"] and p["prometheus"]
     mounts = {m["mountPath"] for m in ours[0]["volumeMounts"]}
-    assert "/tmp" in mounts  # where the cluster's client CA is written (read-only root fs)
+    assert "/tmp" in mounts  # a writable /tmp beside the read-only root fs
     assert Path(p["tls_cert"]).parent.as_posix() in mounts
     assert p["models"] == "-" and p["migmodels"] == "all"  # models come from MigModels in every namespace
     assert Path(p["cluster"]).parent.as_posix() in mounts
@@ -519,11 +551,9 @@ def test_client_ca_from_the_cluster_admits_only_the_front_proxy(fake, connect, m
     from autoscaler.commands.controller import cluster_client_ca
 
     ca = _front_proxy_ca(fake, tmp_path, {"requestheader-allowed-names": '["front-proxy-client"]'})
-    (tmp_path / "ca").mkdir()
-    tls = cluster_client_ca(connect(), TlsSettings(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key")),
-                            tmp_path / "ca")
+    tls = cluster_client_ca(connect(), TlsSettings(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key")))
     assert tls.allowed_names == ("front-proxy-client",)
-    assert Path(tls.client_ca_file).parent == tmp_path / "ca" and Path(tls.client_ca_file).is_file()
+    assert tls.client_ca_pem == ca.cert_pem.bytes().decode() and tls.client_ca_file is None
     ctl = make_controller("a", VirtualClock(T0))
     handle = ctl.start_api("127.0.0.1", 0, tls)
     ctl.check_lease()
@@ -540,14 +570,14 @@ def test_client_ca_from_the_cluster_admits_only_the_front_proxy(fake, connect, m
         assert stranger.get(f"{handle.url}/v1/status").status_code == 403
 
 
-def test_client_ca_from_the_cluster_missing_exits_2(fake, connect, capsys, tmp_path):
+def test_client_ca_from_the_cluster_missing_exits_2(fake, connect, capsys):
     import typer
 
     from autoscaler.api.tls import TlsSettings
     from autoscaler.commands.controller import cluster_client_ca
 
     with pytest.raises(typer.Exit) as exc:
-        cluster_client_ca(connect(), TlsSettings("tls.crt", "tls.key"), tmp_path)
+        cluster_client_ca(connect(), TlsSettings("tls.crt", "tls.key"))
     assert exc.value.exit_code == 2
     assert "extension-apiserver-authentication has no requestheader-client-ca-file" in capsys.readouterr().err
 
@@ -679,3 +709,24 @@ def test_cli_runs_the_pods_fast_scrape_unless_told_not_to(fake, configs, monkeyp
         # pods reached directly: urllib3's own pools, which never take a proxy from the environment
         assert isinstance(fast._client, HttpFetch) and fast._client._proxy is None
         assert fast._pool._shutdown  # closed with the controller
+
+
+def test_client_ca_from_the_cluster_takes_explicit_names_and_refuses_a_ca_that_is_not_pem(fake, connect, tmp_path,
+                                                                                         capsys):
+    import typer
+
+    from autoscaler.commands.controller import _tls_or_exit, cluster_client_ca
+
+    _front_proxy_ca(fake, tmp_path, {"requestheader-allowed-names": '["front-proxy-client"]'})
+    # the names given on the command line, before the CA is read, win over the ConfigMap's
+    tls = _tls_or_exit(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), None, "aggregator",
+                       insecure_http=False, serving=True, client_ca_from_cluster=True)
+    assert cluster_client_ca(connect(), tls).allowed_names == ("aggregator",)
+    fake.put_object({"apiVersion": "v1", "kind": "ConfigMap",
+                     "metadata": {"name": "extension-apiserver-authentication", "namespace": "kube-system"},
+                     "data": {"requestheader-client-ca-file": "-----BEGIN CERTIFICATE-----\nnot one\n"}})
+    with pytest.raises(typer.Exit) as exc:
+        cluster_client_ca(connect(), tls)
+    assert exc.value.exit_code == 2
+    err = capsys.readouterr().err
+    assert "requestheader-client-ca-file in kube-system/extension-apiserver-authentication is not a PEM CA" in err

@@ -126,3 +126,11 @@ def test_tls_with_client_ca_from_the_command_line(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
+
+
+def test_a_certificate_that_does_not_load_exits_2_naming_it(tmp_path):
+    junk = tmp_path / "c.pem"
+    junk.write_text("x")
+    r = runner.invoke(app, ["api", MODELS, CLUSTER, "--tls-cert", str(junk), "--tls-key", str(junk)])
+    assert r.exit_code == 2 and "--tls-cert/--tls-key: not a PEM certificate" in r.output
+    assert "Traceback" not in r.output

@@ -140,3 +140,38 @@ def test_settings_check_names_the_option(tmp_path):
     (tmp_path / "a").write_text("x")
     with pytest.raises(ValueError, match="--requestheader-allowed-names: needs --client-ca"):
         TlsSettings(str(tmp_path / "a"), str(tmp_path / "a"), None, ("x",)).check()
+
+
+def test_a_client_ca_held_as_text_verifies_as_the_file_does(pki):
+    d = pki["dir"]
+    tls = TlsSettings(str(d / "server.crt"), str(d / "server.key"), allowed_names=("front-proxy-client",),
+                      client_ca_pem=pki["ca"].cert_pem.bytes().decode())
+    tls.check()
+    handle = serve_in_thread(_app(), "127.0.0.1", 0, tls)
+    try:
+        with httpx.Client(verify=_client_ctx(pki, pki["good"]), timeout=5) as c:
+            assert c.get(handle.url + PATH).status_code == 200
+        with httpx.Client(verify=_client_ctx(pki, pki["stranger"]), timeout=5) as c:
+            assert c.get(handle.url + PATH).status_code == 403
+        with httpx.Client(verify=_client_ctx(pki), timeout=5) as c:
+            assert c.get(handle.url + PATH).status_code == 401
+            assert c.get(handle.url + "/readyz").status_code == 200
+        with (pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)),
+              httpx.Client(verify=_client_ctx(pki, pki["forged"]), timeout=5) as c):
+            c.get(handle.url + PATH)
+    finally:
+        handle.stop()
+
+
+def test_files_that_do_not_load_name_their_option_at_check(tmp_path, pki):
+    d = pki["dir"]
+    (tmp_path / "junk").write_text("not a certificate\n")
+    with pytest.raises(ValueError, match="--tls-cert/--tls-key: not a PEM certificate and its key"):
+        TlsSettings(str(tmp_path / "junk"), str(d / "server.key")).check()
+    other = trustme.CA().issue_cert("127.0.0.1")  # a key that is not the certificate's
+    other.private_key_pem.write_to_path(str(tmp_path / "other.key"))
+    with pytest.raises(ValueError, match="--tls-cert/--tls-key"):
+        TlsSettings(str(d / "server.crt"), str(tmp_path / "other.key")).check()
+    with pytest.raises(ValueError, match="--client-ca: not a PEM CA certificate, got '.*junk'"):
+        TlsSettings(str(d / "server.crt"), str(d / "server.key"), str(tmp_path / "junk")).check()
+    TlsSettings(str(d / "server.crt"), str(d / "server.key"), str(d / "ca.crt")).check()  # the right ones load
