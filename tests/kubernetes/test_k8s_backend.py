@@ -78,13 +78,27 @@ def test_sizes_move_through_the_scale_subresource_and_a_workload_retires_when_em
     assert any("New size: 4; reason: scale_up_demand" == e["note"] for e in events)
 
 
-def test_drain_marks_the_chosen_pod_so_the_replicaset_removes_that_one(cluster, backends):
+def three_ready(cluster, backends, *, budget_lags: bool = False):
+    """Three Ready resnet replicas on three nodes; ``budget_lags``: the disruption controller
+    stops once two are Ready, so the budget never counts the third."""
     fake = cluster.fake
     cluster.add_nodes(3, {"1g.10gb": 7})
     be = backends([RESNET])
     caught_up(be, fake)
     be.apply([act("create", "resnet")] * 3)
-    wait_until(lambda: sum(r.state is ReplicaState.READY for r in be.snapshot().replicas) == 3, what="3 ready")
+
+    def ready(n: int) -> None:
+        wait_until(lambda: sum(r.state is ReplicaState.READY for r in be.snapshot().replicas) == n, what=f"{n} ready")
+
+    if budget_lags:
+        ready(2)
+        cluster.plane.held.add(DisruptionController)
+    ready(3)
+    return fake, be
+
+
+def test_drain_marks_the_chosen_pod_so_the_replicaset_removes_that_one(cluster, backends):
+    fake, be = three_ready(cluster, backends)
     names = sorted(r.id for r in be.snapshot().replicas)
     victim = names[1]
     assert be.apply([act("drain", "resnet", replica=victim), act("delete", "resnet", replica=victim)]) == []
@@ -97,14 +111,7 @@ def test_drain_marks_the_chosen_pod_so_the_replicaset_removes_that_one(cluster, 
 def test_a_scale_down_waits_for_a_budget_that_does_not_yet_count_the_newest_ready_pod(cluster, backends):
     # The disruption controller updates a budget's status after the kubelet marks a pod Ready: in
     # between, the budget allows no disruption, and a Ready pod's removal waits for a later tick.
-    fake = cluster.fake
-    cluster.add_nodes(3, {"1g.10gb": 7})
-    be = backends([RESNET])
-    caught_up(be, fake)
-    be.apply([act("create", "resnet")] * 3)
-    wait_until(lambda: sum(r.state is ReplicaState.READY for r in be.snapshot().replicas) == 2, what="2 ready")
-    cluster.plane.held.add(DisruptionController)
-    wait_until(lambda: sum(r.state is ReplicaState.READY for r in be.snapshot().replicas) == 3, what="3 ready")
+    fake, be = three_ready(cluster, backends, budget_lags=True)
     caught_up(be, fake)
     assert fake.get("PodDisruptionBudget", "resnet-1g-10gb")["status"]["disruptionsAllowed"] == 0
     victim = sorted(r.id for r in be.snapshot().replicas)[1]
