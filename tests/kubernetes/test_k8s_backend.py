@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from controllers import DisruptionController
+from controllers import DisruptionController, set_status
 from k8s_helpers import CFG, NS, RESNET, act, caught_up, gpu_node, pod, wait_until
 
 from autoscaler.act.kubernetes.client import KubeError
@@ -79,21 +79,23 @@ def test_sizes_move_through_the_scale_subresource_and_a_workload_retires_when_em
 
 
 def three_ready(cluster, backends, *, budget_lags: bool = False):
-    """Three Ready resnet replicas on three nodes; ``budget_lags``: the disruption controller
-    stops once two are Ready, so the budget never counts the third."""
+    """Three Ready resnet replicas on three nodes. ``budget_lags``: the budget's status then
+    stands as the disruption controller wrote it while only two were Ready (2 healthy of 3
+    expected, no disruption allowed), and that controller stays stopped."""
     fake = cluster.fake
     cluster.add_nodes(3, {"1g.10gb": 7})
     be = backends([RESNET])
     caught_up(be, fake)
     be.apply([act("create", "resnet")] * 3)
-
-    def ready(n: int) -> None:
-        wait_until(lambda: sum(r.state is ReplicaState.READY for r in be.snapshot().replicas) == n, what=f"{n} ready")
-
+    wait_until(lambda: sum(r.state is ReplicaState.READY for r in be.snapshot().replicas) == 3, what="3 ready")
     if budget_lags:
-        ready(2)
+        cluster.plane.stop()  # no step of it in flight while the status is set
         cluster.plane.held.add(DisruptionController)
-    ready(3)
+        pdb = fake.get("PodDisruptionBudget", "resnet-1g-10gb")
+        status = {**pdb["status"], "currentHealthy": 2, "disruptionsAllowed": 0,
+                  "conditions": [{**pdb["status"]["conditions"][0], "status": "False", "reason": "InsufficientPods"}]}
+        set_status(fake, pdb, status, DisruptionController.manager)
+        cluster.plane.start()
     return fake, be
 
 
