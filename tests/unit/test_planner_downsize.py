@@ -135,3 +135,32 @@ def test_a_replica_without_metrics_stops_right_sizing_until_it_reports():
     p, _ = decide(Observation(t_s=t, cluster=ready, models={"vit": sig}), state, cfg, t, planner=plan)
     assert p.target_rps["vit"] < 844.0
     assert [a for a in p.actions if a.kind is ActionKind.DRAIN]
+
+
+def test_a_swap_whose_delete_must_wait_for_a_starting_replica_is_not_started_alone():
+    # m0 runs a 4g and a 1g, and a second 4g is still starting. The first plan scales the
+    # 1g down; the next would swap the ready 4g for a 1g (downsize), but that 4g cannot go
+    # while the other 4g is not serving. A copy made without its delete is over demand, so
+    # the plan after would scale the copy down again, then make it again, every tick.
+    from autoscaler.policy.planner import apply_plan_to_cluster
+
+    spec = ModelSpec("m0", {"1g.10gb": 8.8, "4g.40gb": 40.0}, ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb"),
+                     min_replicas=2, max_replicas=3)
+    cl = ClusterState(
+        (GpuState("node/0", "node", PRODUCT, layout=(Placement(0, "4g.40gb"), Placement(6, "1g.10gb"))),
+         GpuState("node/1", "node", PRODUCT, layout=(Placement(0, "4g.40gb"),))),
+        (Replica("m0-0", "m0", "4g.40gb", "node/0", 0, ReplicaState.READY),
+         Replica("m0-1", "m0", "1g.10gb", "node/0", 6, ReplicaState.READY),
+         Replica("m0-2", "m0", "4g.40gb", "node/1", 0, ReplicaState.STARTING)))
+    first = plan([spec], {"m0": 20.25}, cl, churn_budget=3)
+    assert [(a.kind, a.replica) for a in first.actions] == [(ActionKind.DRAIN, "m0-1"), (ActionKind.DELETE, "m0-1")]
+    cl = apply_plan_to_cluster(cl, first)
+    held = plan([spec], {"m0": 20.25}, cl, churn_budget=3)
+    assert held.actions == ()  # neither the copy nor its delete: the swap waits for m0-2
+    assert Reason.HOLD_CONVERGING in held.reasons["m0"]
+    # once m0-2 serves, the swap goes whole: the copy, then the 4g it replaces
+    cl = ClusterState(cl.gpus, tuple(r if r.id != "m0-2" else Replica(r.id, r.model, r.profile, r.gpu, r.start,
+                                                                         ReplicaState.READY) for r in cl.replicas))
+    swap = plan([spec], {"m0": 20.25}, cl, churn_budget=3)
+    kinds = [(a.kind, a.profile) for a in swap.actions if a.kind is not ActionKind.REPARTITION]
+    assert (ActionKind.CREATE, "1g.10gb") in kinds and (ActionKind.DELETE, "4g.40gb") in kinds, kinds
