@@ -108,9 +108,9 @@ def cluster_client_ca(rest: Any, tls: Any) -> Any:
     ``--requestheader-allowed-names`` win over the ConfigMap's.
     """
     import dataclasses
-    import ssl
 
     from autoscaler.act.kubernetes.client import KubeError
+    from autoscaler.api.tls import TlsConfigError
 
     where = f"{AUTH_CM[0]}/{AUTH_CM[1]}"
     try:
@@ -139,11 +139,12 @@ def cluster_client_ca(rest: Any, tls: Any) -> Any:
                     f"--client-ca-from-cluster: requestheader-allowed-names in {where} is not a JSON list, got {raw!r}"
                 ]
             )
+    out = dataclasses.replace(tls, client_ca_pem=pem, allowed_names=names)
     try:
-        ssl.create_default_context(cadata=pem)
-    except (ssl.SSLError, ValueError) as exc:
+        out.server_context()  # what the server will load, loaded now
+    except TlsConfigError as exc:
         fail([f"--client-ca-from-cluster: requestheader-client-ca-file in {where} is not a PEM CA certificate: {exc}"])
-    return dataclasses.replace(tls, client_ca_pem=pem, allowed_names=names)
+    return out
 
 
 def register(app: typer.Typer) -> None:

@@ -5,9 +5,9 @@ left on each GPU, lets the churn budget choose what goes this call
 (``budget.py``), orders it make-before-break (``order.py``), names the new
 replicas, and counts the cost. A delete that ``order`` cannot place (its
 model would serve less than its demand while a kept replica is still starting)
-waits, and so do the copies of a replacement it belongs to: a copy without the
-delete it pairs with is scaled down by the next plan and made again by the one
-after. Also ``apply_plan_to_cluster``: the cluster a
+waits, and so does the rest of a replacement it belongs to
+(``budget.withdraw_replacement``): a copy without the delete it pairs with is
+scaled down by the next plan and made again by the one after. Also ``apply_plan_to_cluster``: the cluster a
 plan leaves behind (new replicas READY), used by tests, the simulator and the
 recording fakes.
 
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from autoscaler.policy.planner.budget import REPLACING, Create, apply_selection, select
+from autoscaler.policy.planner.budget import Create, apply_selection, select, withdraw_replacement
 from autoscaler.policy.planner.multinode import WHOLE, Groups, group_of
 from autoscaler.policy.planner.order import final_layout, finalize_actions, order
 from autoscaler.policy.planner.work import HEALTHY
@@ -109,12 +109,7 @@ def finish(*, now_s: float, cluster: ClusterState, gpus: list[GpuWork], work: di
             sel_d.discard(rid)
             model = replicas[rid].model
             (converging if model in starting else deferred_models).add(model)
-            if removed[rid] in REPLACING:
-                # A replacement is all or nothing (``budget``): its copies without this
-                # delete would be scaled down again next tick, and then made again.
-                for c in creates:
-                    if c.model == model and c.reason in REPLACING:
-                        sel_c.discard(c.order)
+            withdraw_replacement(rid, creates, removed, replicas, sel_c, sel_d)
     for n in deferred_models:
         _add_reason(reasons, n, Reason.CHURN_BUDGET)
     for n in converging - deferred_models:

@@ -176,6 +176,19 @@ def _replacement(why: Reason) -> str | None:
     return "replace" if why in REPLACING else None
 
 
+def withdraw_replacement(rid: str, creates: Sequence[Create], removed: Mapping[str, Reason],
+                         replicas: Mapping[str, Replica], sel_c: set[int], sel_d: set[str]) -> None:
+    """``rid``'s delete cannot go this call: if it is part of a replacement, the whole
+    replacement (that model's copies and deletes of the same kind) waits with it, as
+    ``select`` takes one all or nothing."""
+    kind = _replacement(removed[rid])
+    if kind is None:
+        return
+    model = replicas[rid].model
+    sel_c.difference_update(c.order for c in creates if c.model == model and _replacement(c.reason) == kind)
+    sel_d.difference_update([d for d in sel_d if replicas[d].model == model and _replacement(removed[d]) == kind])
+
+
 def needs_cut(g: GpuWork, c: Create) -> bool:
     return c.group is not None or Placement(c.start, c.profile) not in g.current
 
