@@ -44,15 +44,18 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/migscale demo examples/models.yaml examples/cluster.yaml --results demo-results
 
-# Two passes: tests that start no real server run on every core (pytest-xdist);
-# those that do (real tritonserver, nginx, Prometheus, Chromium) run one at a
-# time, so their latency verdicts are not measured on a machine busy with the
-# rest. Both always run; make fails if either did.
+# Three passes: tests that start no real server run on every core (pytest-xdist);
+# those that start tritonserver, nginx or Prometheus and only wait for what they
+# check run two at a time; those whose verdict is a measured latency, rate or
+# interval (marked alone) and the Chromium tests run one at a time, so those
+# verdicts are not measured on a machine busy with the rest. All three always
+# run; make fails if any did.
 test:
 	@$(MAKE) --no-print-directory setup BROWSER=1
 	@rc=0; \
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto -m "not integration and not browser" tests || rc=$$?; \
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "integration or browser" tests || rc=$$?; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 -m "integration and not alone and not browser" tests || rc=$$?; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "alone or browser" tests || rc=$$?; \
 	exit $$rc
 
 lint: venv

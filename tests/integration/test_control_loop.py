@@ -36,7 +36,7 @@ from autoscaler.policy.hpa import PolicyType, ScalingPolicy, ScalingRules, Selec
 from autoscaler.policy.state import PolicyConfig
 from autoscaler.policy.types import Action, ActionKind, GpuState, ModelSpec, Reason, ReplicaState
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 REPO = Path(__file__).resolve().parents[2] / "triton_models"
 GPU = "node-a/0"

@@ -78,6 +78,7 @@ def faulty(tmp_path):
         assert left == {}, f"left behind: {[proc_command(p) for p in left]}"
 
 
+@pytest.mark.alone  # counts restarts, and stubs' lifetimes, against the clock
 def test_crash_loop_backs_off_reports_the_error_and_holds_the_model(faulty):
     c = faulty
     assert c.apply([Action(ActionKind.CREATE, R, gpu=GPU, model="tiny", profile="1g.10gb", start=6),

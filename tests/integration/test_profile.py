@@ -18,7 +18,7 @@ import yaml
 from autoscaler.act.local.emulation import expected_batch_ms
 from autoscaler.config import load_capacity_file
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 REPO = Path(__file__).resolve().parents[2]
 RESNET = REPO / "triton_models" / "resnet"

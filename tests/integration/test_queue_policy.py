@@ -15,7 +15,7 @@ from autoscaler.act.local.emulation import emulation_env
 from autoscaler.act.local.triton import TritonProcess
 from autoscaler.observe.scrape import ScrapeSource
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = "default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 50000 }"
