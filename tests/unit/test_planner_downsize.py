@@ -164,3 +164,41 @@ def test_a_swap_whose_delete_must_wait_for_a_starting_replica_is_not_started_alo
     swap = plan([spec], {"m0": 20.25}, cl, churn_budget=3)
     kinds = [(a.kind, a.profile) for a in swap.actions if a.kind is not ActionKind.REPARTITION]
     assert (ActionKind.CREATE, "1g.10gb") in kinds and (ActionKind.DELETE, "4g.40gb") in kinds, kinds
+
+
+def test_a_swap_never_becomes_a_move_of_the_same_profile_to_an_empty_instance_elsewhere():
+    # m0 runs 4g + 2g + 1g (40 req/s) for 30.08: its 4g can go for a 2g, which is free now on
+    # an idle GPU. Its model is then short until that copy serves, and the scale-up fast path
+    # used to serve the shortfall from the emptiest instance on a GPU in use, here c's free 4g:
+    # a 4g moved from a to c, then right-sized on the next tick (in the property test's case
+    # it moved back, every tick).
+    from autoscaler.policy.planner import apply_plan_to_cluster
+
+    m0 = ModelSpec("m0", {"1g.10gb": 10.0, "2g.20gb": 12.5, "4g.40gb": 17.5}, ("1g.10gb", "2g.20gb", "4g.40gb"),
+                   min_replicas=0, max_replicas=6)
+    x = ModelSpec("x", {"2g.20gb": 12.5}, ("2g.20gb",), min_replicas=0, max_replicas=2)
+    ready = ReplicaState.READY
+    gpus = (GpuState("a", "n", PRODUCT, layout=(Placement(0, "4g.40gb"), Placement(4, "2g.20gb"))),
+            GpuState("b", "n", PRODUCT, layout=(Placement(0, "2g.20gb"), Placement(2, "1g.10gb"))),
+            GpuState("c", "n", PRODUCT, layout=(Placement(0, "4g.40gb"), Placement(4, "2g.20gb"))),
+            GpuState("d", "n", PRODUCT, layout=(Placement(0, "2g.20gb"),)))
+    cl = ClusterState(gpus, (Replica("m0-a", "m0", "4g.40gb", "a", 0, ready),
+                             Replica("x-a", "x", "2g.20gb", "a", 4, ready),
+                             Replica("m0-b2", "m0", "2g.20gb", "b", 0, ready),
+                             Replica("m0-b1", "m0", "1g.10gb", "b", 2, ready),
+                             Replica("x-c", "x", "2g.20gb", "c", 4, ready)))
+    demand = {"m0": 30.08, "x": 25.0}
+    swaps = []
+    for _ in range(6):
+        p = plan([m0, x], demand, cl, churn_budget=3)
+        if not p.actions:
+            break
+        made = [a.profile for a in p.actions if a.kind is ActionKind.CREATE and a.reason is Reason.PROFILE_EFFICIENCY]
+        gone = [a.profile for a in p.actions if a.kind is ActionKind.DELETE and a.reason is Reason.PROFILE_EFFICIENCY]
+        if made or gone:
+            swaps.append((made, gone))
+        cl = apply_plan_to_cluster(cl, p)
+    else:
+        raise AssertionError("no fixpoint in 6 plans")
+    assert swaps == [(["2g.20gb"], ["4g.40gb"])], swaps  # one swap, and to the smaller profile
+    assert p.capacity_rps["m0"] >= demand["m0"]

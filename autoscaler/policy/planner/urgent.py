@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from autoscaler.mig.layout import Placement
 from autoscaler.policy.planner.packing import GpuWork, overlaps
 from autoscaler.policy.planner.sizing import EPS, cover
+from autoscaler.policy.types import Reason
 
 if TYPE_CHECKING:  # pragma: no cover
     from autoscaler.policy.planner.work import ModelWork
@@ -44,7 +45,12 @@ def place_urgent(work: dict[str, ModelWork], gpus: list[GpuWork]) -> None:
     """
     have: dict[str, float] = {}
     for n, m in work.items():
-        if not m.add or not m.running or m.rebalanced or not m.options or m.demand is None:
+        # A right-size swap (``rightsize.downsize``) is a switch to a better mix too: its model
+        # is short by the replica it replaces only until the smaller copy is placed. Served
+        # here, from any empty instance, that copy could be as large as the replica, on
+        # another GPU: a move, which the next tick could make back.
+        swap = m.rebalanced or m.create_reason is Reason.PROFILE_EFFICIENCY
+        if not m.add or not m.running or swap or not m.options or m.demand is None:
             continue
         got = sum(m.cap.get(r.profile, 0.0) for r in m.keep)
         if m.demand - got > EPS:
