@@ -168,10 +168,9 @@ def test_a_swap_whose_delete_must_wait_for_a_starting_replica_is_not_started_alo
 
 def test_a_swap_never_becomes_a_move_of_the_same_profile_to_an_empty_instance_elsewhere():
     # m0 runs 4g + 2g + 1g (40 req/s) for 30.08: its 4g can go for a 2g, which is free now on
-    # an idle GPU. Its model is then short until that copy serves, and the scale-up fast path
-    # used to serve the shortfall from the emptiest instance on a GPU in use, here c's free 4g:
-    # a 4g moved from a to c, then right-sized on the next tick (in the property test's case
-    # it moved back, every tick).
+    # an idle GPU. The model is then short until that copy serves. Served by the scale-up fast
+    # path, from the emptiest instance on a GPU in use (c's free 4g), the swap would move the 4g
+    # from a to c (in the property test's case, back and forth on every tick).
     from autoscaler.policy.planner import apply_plan_to_cluster
 
     m0 = ModelSpec("m0", {"1g.10gb": 10.0, "2g.20gb": 12.5, "4g.40gb": 17.5}, ("1g.10gb", "2g.20gb", "4g.40gb"),
