@@ -218,6 +218,7 @@ def test_scale_1_3_1_under_load_loses_no_request(cluster):
 
 def test_killed_replica_is_replaced_and_serves_within_10s(cluster):
     (victim,) = _by_model(cluster, "rnn")
+    before = victim.restarts  # a server that lost a port it chose at start was restarted already
     old_pid = victim.process.pid
     os.kill(old_pid, signal.SIGKILL)
     client = th.InferenceServerClient(cluster.frontdoor_url.removeprefix("http://"))
@@ -235,7 +236,7 @@ def test_killed_replica_is_replaced_and_serves_within_10s(cluster):
     wait_until(serving_again, 10.0, "replacement of the killed replica")
     r = cluster.replica(victim.id)
     assert (r.gpu, r.start, r.profile) == (victim.gpu, victim.start, victim.profile)  # same instance
-    assert r.restarts == 1
+    assert r.restarts == before + 1
     assert not proc_alive(old_pid)
 
 
