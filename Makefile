@@ -9,6 +9,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
 # `make demo` needs no browser; the test suite drives a real headless Chromium.
 BROWSER ?= 0
 
@@ -53,9 +54,9 @@ demo: setup
 test:
 	@$(MAKE) --no-print-directory setup BROWSER=1
 	@rc=0; \
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto -m "not integration and not browser" tests || rc=$$?; \
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 -m "integration and not alone and not browser" tests || rc=$$?; \
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "alone or browser" tests || rc=$$?; \
+	$(PYTEST) -n auto -m "not integration and not browser" tests || rc=$$?; \
+	$(PYTEST) -n 2 -m "integration and not alone and not browser" tests || rc=$$?; \
+	$(PYTEST) -m "alone or browser" tests || rc=$$?; \
 	exit $$rc
 
 lint: venv
