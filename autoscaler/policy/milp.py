@@ -110,6 +110,11 @@ def solve(models: Sequence[ModelSpec], demand_rps: Mapping[str, float], products
         mine = {k: idx for k, idx in n.items() if k[2] == m.name}
         d = max(0.0, float(demand_rps.get(m.name, 0.0) or 0.0))
         floor = max(m.min_replicas, 2 if m.high_availability else 0)
+        if d > 1e-9:
+            # Any demand needs a replica. Said in whole replicas, this holds for a demand
+            # below the solver's feasibility tolerance (~1e-7), which the capacity row alone
+            # would let pass with none.
+            floor = max(floor, 1)
         floor = min(floor, m.max_replicas)
         if d > 1e-9:
             caps = {k: _usable(m, prods[k[0]].profiles)[k[1]] for k in mine}

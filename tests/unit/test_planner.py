@@ -246,6 +246,39 @@ def test_consolidation_recuts_a_gpu_only_where_a_repartition_touches_that_gpu_al
     assert per_node.actions == () and per_node.cost.gpus_used == 2
 
 
+def test_consolidation_leaves_replicas_a_growing_model_has_outgrown_where_they_are():
+    # m1 runs two 2g (40 req/s) for 62 and grows by a 7g on the empty GPU c. Until the 7g
+    # serves, the 2g pair stays; then the 7g alone covers 62 and the next plan scales the
+    # pair down. Emptying a into b's and d's free 2g slots would make two copies only to
+    # delete them one tick later.
+    h100 = "H100-SXM5-80GB"
+    ready = ReplicaState.READY
+    m1 = ModelSpec("m1", {"2g.20gb": 20.0, "7g.80gb": 70.0}, ("2g.20gb", "7g.80gb"), min_replicas=0, max_replicas=3)
+    x = ModelSpec("x", {"4g.40gb": 40.0, "1g.10gb": 10.0}, ("4g.40gb", "1g.10gb"), min_replicas=0, max_replicas=4)
+    part = (Placement(0, "4g.40gb"), Placement(6, "1g.10gb"))
+    cl = ClusterState(
+        gpus=(GpuState("a", "n", h100, (Placement(0, "2g.20gb"), Placement(2, "2g.20gb"))),
+              GpuState("b", "n", h100, part), GpuState("d", "n", h100, part), GpuState("c", "n", h100, ())),
+        replicas=(Replica("m1-a0", "m1", "2g.20gb", "a", 0, ready), Replica("m1-a2", "m1", "2g.20gb", "a", 2, ready),
+                  Replica("x-b", "x", "4g.40gb", "b", 0, ready), Replica("x-b6", "x", "1g.10gb", "b", 6, ready),
+                  Replica("x-d", "x", "4g.40gb", "d", 0, ready), Replica("x-d6", "x", "1g.10gb", "d", 6, ready)),
+    )
+    demand = {"m1": 62.0, "x": 95.0}
+    p = plan([m1, x], demand, cl)
+    made = [(a.profile, a.gpu, a.reason) for a in p.actions if a.kind is ActionKind.CREATE]
+    assert made == [("7g.80gb", "c", Reason.SCALE_UP_DEMAND)], made
+    assert not any(a.kind is ActionKind.DELETE for a in p.actions)
+    after = apply_plan_to_cluster(cl, p)
+    p2 = plan([m1, x], demand, after)
+    gone = sorted(a.replica for a in p2.actions if a.kind is ActionKind.DELETE)
+    assert gone == ["m1-a0", "m1-a2"] and all(a.kind is not ActionKind.CREATE for a in p2.actions)
+    # A model that has not outgrown them (the 7g alone falls short) still has its pair moved
+    # when that frees a GPU: the growing model's own replicas are not pinned as such.
+    p3 = plan([m1, x], {"m1": 95.0, "x": 95.0}, cl)
+    assert any(a.reason is Reason.CONSOLIDATE for a in p3.actions if a.kind is ActionKind.CREATE), \
+        [(a.kind.value, a.replica, a.gpu, a.reason.value) for a in p3.actions]
+
+
 def test_repartition_only_after_the_affected_instances_are_empty():
     # node/0 runs a 7g replica of "a"; demand drops and "b" needs 1g slices.
     cl = ClusterState(

@@ -84,3 +84,46 @@ def test_consolidation_leaves_a_gpu_whose_replica_is_still_starting():
     ready = plan([spec("a")], {"a": 200.0}, cluster(State.READY))
     assert Reason.CONSOLIDATE in ready.reasons["a"] and ready.cost.gpus_used == 1
     assert {r.gpu for r in apply_plan_to_cluster(cluster(State.READY), ready).replicas} == {"node/0"}
+
+
+def test_a_create_that_needs_the_room_of_a_deferred_delete_is_deferred_with_it():
+    # The full target: m2 swaps each 7g for a 3g at slices 4-6 (24.5 req/s, spread over two
+    # GPUs), and the three 1g models move from node/2 into slices 1-3 beside them. node/1's
+    # swap cannot be ordered (its 7g drains only after its copy serves, and the copy's
+    # instance is cut only after the 7g is gone), so it waits, and with it the rest of m2's
+    # replacement: node/0's 7g stays. The 1g copies placed in that 7g's room cannot go
+    # either, nor what they pair with: no layout may hold a replica that stays and one that
+    # comes in the same slices.
+    from test_planner import assert_actions_are_safe, check_valid
+
+    one = {"1g.10gb": 10.0}
+    m0 = ModelSpec("m0", one, ("1g.10gb",), min_replicas=0, max_replicas=2, high_availability=True)
+    m1 = ModelSpec("m1", one, ("1g.10gb",), min_replicas=1, max_replicas=1)
+    m3 = ModelSpec("m3", one, ("1g.10gb",), min_replicas=0, max_replicas=1, high_availability=True)
+    m2 = ModelSpec("m2", {"3g.40gb": 24.4, "7g.80gb": 70.0}, ("3g.40gb", "7g.80gb"), min_replicas=0,
+                   max_replicas=2, high_availability=True)
+    ready = State.READY
+    seven = (Placement(0, "7g.80gb"),)
+    cl = ClusterState(
+        gpus=(GpuState("node/0", "node", A100, seven), GpuState("node/1", "node", A100, seven),
+              GpuState("node/2", "node", A100, tuple(Placement(i, "1g.10gb") for i in range(3, 7)))),
+        replicas=(Replica("m2-0", "m2", "7g.80gb", "node/0", 0, ready), Replica("m2-1", "m2", "7g.80gb", "node/1", 0, ready),
+                  Replica("m0-0", "m0", "1g.10gb", "node/2", 3, ready), Replica("m1-0", "m1", "1g.10gb", "node/2", 4, ready),
+                  Replica("m3-0", "m3", "1g.10gb", "node/2", 5, ready), Replica("m0-1", "m0", "1g.10gb", "node/2", 6, ready)),
+    )
+    models = [m0, m1, m2, m3]
+    p = plan(models, {"m0": 0.0, "m1": 0.0, "m2": 24.5, "m3": 0.0}, cl)
+    check_valid(cl, p)
+    assert_actions_are_safe(cl, p, models)
+    # nothing that stays shares a slice with something new
+    after = apply_plan_to_cluster(cl, p)
+    for g in after.gpus:
+        slots = [s for r in after.replicas if r.gpu == g.id
+                 for s in range(r.start, r.start + {"1g.10gb": 1, "3g.40gb": 4, "7g.80gb": 8}[r.profile])]
+        assert len(slots) == len(set(slots)), (g.id, sorted((r.id, r.start, r.profile) for r in after.replicas if r.gpu == g.id))
+    # a copy never goes without the delete it pairs with, nor a delete without its copy
+    moves = (Reason.PROFILE_EFFICIENCY, Reason.CONSOLIDATE, Reason.HIGH_AVAILABILITY)
+    for m in models:
+        mine = [a for a in p.actions if a.model == m.name and a.reason in moves]
+        assert any(a.kind is ActionKind.CREATE for a in mine) == any(a.kind is ActionKind.DELETE for a in mine), \
+            [(a.kind.value, a.replica, a.reason.value) for a in mine]

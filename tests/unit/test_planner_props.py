@@ -137,6 +137,12 @@ def test_layouts_valid_and_profiles_usable(inst):
 @given(instances(max_gpus=4, max_models=3, multinode=False))
 @example(([ModelSpec("m0", {}, ("1g.10gb",), min_replicas=0, max_replicas=1)], {"m0": 5e-7},
           ClusterState(gpus=(GpuState("g0", "n0", "A100-SXM4-80GB", layout=()),))))
+# A demand below the MILP solver's feasibility tolerance (6e-8 req/s) still needs a replica:
+# here its 1g takes the room of m2's sixth 3g, so the fleet cannot serve both.
+@example(([ModelSpec("m1", {"1g.10gb": 10.0}, ("1g.10gb",), min_replicas=0, max_replicas=1),
+           ModelSpec("m2", {"3g.40gb": 15.0}, ("1g.10gb", "2g.20gb", "3g.40gb"), min_replicas=0, max_replicas=6)],
+          {"m1": 5.960464477539063e-08, "m2": 76.0},
+          ClusterState(gpus=tuple(GpuState(f"node/{i}", "node", "A100-SXM4-80GB") for i in range(3)))))
 def test_capacity_met_whenever_the_milp_is_feasible(inst):
     models, demand, cluster = inst
     ref = solve(models, demand, [g.product for g in cluster.gpus], time_limit_s=20)

@@ -7,7 +7,9 @@ replicas, and counts the cost. A delete that ``order`` cannot place (its
 model would serve less than its demand while a kept replica is still starting)
 waits, and so does the rest of a replacement it belongs to
 (``budget.withdraw_replacement``): a copy without the delete it pairs with is
-scaled down by the next plan and made again by the one after. Also ``apply_plan_to_cluster``: the cluster a
+scaled down by the next plan and made again by the one after. What needed the
+deferred replica's room waits too (``budget.settle``), until the selection is
+whole again. Also ``apply_plan_to_cluster``: the cluster a
 plan leaves behind (new replicas READY), used by tests, the simulator and the
 recording fakes.
 
@@ -24,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from autoscaler.policy.planner.budget import Create, apply_selection, select, withdraw_replacement
+from autoscaler.policy.planner.budget import Create, apply_selection, select, settle, withdraw_replacement
 from autoscaler.policy.planner.multinode import WHOLE, Groups, group_of
 from autoscaler.policy.planner.order import final_layout, finalize_actions, order
 from autoscaler.policy.planner.work import HEALTHY
@@ -81,6 +83,7 @@ def finish(*, now_s: float, cluster: ClusterState, gpus: list[GpuWork], work: di
     removed = {rid: why for rid, why in removed.items() if rid in replicas}
     sel_c, sel_d, deferred_models = select(creates, removed, replicas, by_id, churn_budget, work, demand_rps, full_cap,
                                            fast_first)
+    chosen = set(sel_c)
     reasons: dict[str, list[Reason]] = {n: list(m.reasons) for n, m in work.items()}
     for n, rs in groups.reasons.items():
         reasons[n] = list(rs)
@@ -110,6 +113,7 @@ def finish(*, now_s: float, cluster: ClusterState, gpus: list[GpuWork], work: di
             model = replicas[rid].model
             (converging if model in starting else deferred_models).add(model)
             withdraw_replacement(rid, creates, removed, replicas, sel_c, sel_d)
+        deferred_models |= settle(creates, removed, replicas, by_id, chosen, sel_c, sel_d)
     for n in deferred_models:
         _add_reason(reasons, n, Reason.CHURN_BUDGET)
     for n in converging - deferred_models:

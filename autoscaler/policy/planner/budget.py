@@ -189,6 +189,49 @@ def withdraw_replacement(rid: str, creates: Sequence[Create], removed: Mapping[s
     sel_d.difference_update([d for d in sel_d if replicas[d].model == model and _replacement(removed[d]) == kind])
 
 
+def settle(creates: Sequence[Create], removed: Mapping[str, Reason], replicas: Mapping[str, Replica],
+           by_id: Mapping[str, GpuWork], chosen: set[int], sel_c: set[int], sel_d: set[str]) -> set[str]:
+    """Make a selection that lost members since ``select`` chose ``chosen`` whole again;
+    the models it defers more of.
+
+    Once ``finish`` defers a delete, a create that needs its room (another model's,
+    placed where the deferred replica stays) cannot go either: the GPU would be cut
+    for both. Once a replacement's create is deferred, the rest of that replacement
+    waits with it (all or nothing, as ``select`` takes it), and its deletes may hold
+    room that yet other creates need. So this runs to a fixpoint."""
+    deferred: set[str] = set()
+    while True:
+        held: dict[str, list[Replica]] = {}
+        for rid in removed:
+            if rid not in sel_d:
+                held.setdefault(replicas[rid].gpu, []).append(replicas[rid])
+        drop: list[Create] = []
+        for c in creates:
+            if c.order not in sel_c:
+                continue
+            stay = held.get(c.gpu, ())
+            if stay and (c.tier2 or any(overlap(by_id[c.gpu], c, r) for r in stay)):
+                drop.append(c)
+        groups = {c.group for c in drop if c.group is not None}
+        drop += [c for c in creates if c.group in groups and c.order in sel_c and c not in drop]
+        for c in drop:
+            sel_c.discard(c.order)
+            deferred.add(c.model)
+        # Per model, not per kind: a consolidation copy of a model that must spread is
+        # named a high-availability create while the delete it pairs with stays a move.
+        torn = {c.model for c in creates
+                if _replacement(c.reason) is not None and c.order in chosen and c.order not in sel_c}
+        torn = {m for m in torn
+                if any(c.model == m and _replacement(c.reason) is not None and c.order in sel_c for c in creates)
+                or any(replicas[d].model == m and _replacement(removed[d]) is not None for d in sel_d)}
+        for m in torn:
+            sel_c.difference_update(c.order for c in creates if c.model == m and _replacement(c.reason) is not None)
+            sel_d.difference_update([d for d in sel_d if replicas[d].model == m and _replacement(removed[d]) is not None])
+            deferred.add(m)
+        if not drop and not torn:
+            return deferred
+
+
 def needs_cut(g: GpuWork, c: Create) -> bool:
     return c.group is not None or Placement(c.start, c.profile) not in g.current
 

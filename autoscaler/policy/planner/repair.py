@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from autoscaler.mig.layout import Placement, check_layout
 from autoscaler.policy.planner.packing import GpuWork, Index, fit
+from autoscaler.policy.planner.sizing import EPS
 from autoscaler.policy.types import Reason
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -148,12 +149,18 @@ def consolidate(work: dict[str, ModelWork], gpus: list[GpuWork], removed: dict[s
     ``starting``: ids of replicas not ready yet. A GPU hosting one is not emptied: the
     move would throw away a start already paid for (the model's capacity arrives one
     start later, while the demand that created it is usually still there). Once it is
-    ready, the GPU is a candidate like any other."""
+    ready, the GPU is a candidate like any other.
+
+    Nor is a GPU hosting a replica its model has outgrown this plan: one without which
+    the model's capacity, new replicas included, still covers its demand. It stays
+    only until the new replicas serve (make before break); the next plan scales it
+    down, so a copy made now would be deleted one tick after it was paid for."""
     moved: set[tuple[str, int]] = set()
+    outgrown = _outgrown(work, gpus)
     # A GPU that took a fast-path replica this tick is not emptied: moving that
     # replica would mostly mean a repartition, which is what the fast path avoids.
     used = [g for g in gpus if g.hard and g.whole is None and not g.frozen and not g.keep_cut
-            and not any(v[2] in starting for v in g.hard.values())]
+            and not any(v[2] in starting or v[2] in outgrown for v in g.hard.values())]
     if len(used) < 2:
         return moved
     index = Index(gpus)
@@ -211,3 +218,24 @@ def consolidate(work: dict[str, ModelWork], gpus: list[GpuWork], removed: dict[s
         free_total -= g.product.compute_slices
         index.add(g)
     return moved
+
+
+def _outgrown(work: dict[str, ModelWork], gpus: list[GpuWork]) -> set[str]:
+    """Ids of running replicas of growing models (``m.add``) whose capacity the model
+    no longer needs once what is placed for it serves. A model with no demand
+    figure has outgrown nothing."""
+    growing = {n: m for n, m in work.items() if m.add and m.demand is not None}
+    if not growing:
+        return set()
+    held: dict[str, float] = dict.fromkeys(growing, 0.0)
+    running: list[tuple[str, str, str]] = []
+    for g in gpus:
+        for model, prof, rid in g.hard.values():
+            m = growing.get(model)
+            if m is None:
+                continue
+            held[model] += m.cap.get(prof, 0.0)
+            if rid is not None:
+                running.append((model, prof, rid))
+    return {rid for model, prof, rid in running
+            if held[model] - growing[model].cap.get(prof, 0.0) >= (growing[model].demand or 0.0) - EPS}

@@ -45,11 +45,12 @@ def place_urgent(work: dict[str, ModelWork], gpus: list[GpuWork]) -> None:
     """
     have: dict[str, float] = {}
     for n, m in work.items():
-        # A right-size swap (``rightsize.downsize``) is a switch to a better mix too: its model
-        # is short by the replica it replaces only until the smaller copy is placed. Served
-        # here, from any empty instance, that copy could be as large as the replica, on
-        # another GPU: a move, which the next tick could make back.
-        swap = m.rebalanced or m.create_reason is Reason.PROFILE_EFFICIENCY
+        # A switch to a better mix (a rebalance, or a right-size swap in ``rightsize.downsize``;
+        # both create for profile efficiency) leaves its model short by the replicas it replaces
+        # only until their copies are placed. Served here, from any empty instance, a copy could
+        # be as large as what it replaces, on another GPU: a move, which the next tick could
+        # make back.
+        swap = m.create_reason is Reason.PROFILE_EFFICIENCY
         if not m.add or not m.running or swap or not m.options or m.demand is None:
             continue
         got = sum(m.cap.get(r.profile, 0.0) for r in m.keep)
