@@ -127,3 +127,51 @@ def test_a_create_that_needs_the_room_of_a_deferred_delete_is_deferred_with_it()
         mine = [a for a in p.actions if a.model == m.name and a.reason in moves]
         assert any(a.kind is ActionKind.CREATE for a in mine) == any(a.kind is ActionKind.DELETE for a in mine), \
             [(a.kind.value, a.replica, a.reason.value) for a in mine]
+
+
+def test_a_replacement_is_one_unit_under_the_budget_whatever_names_its_parts():
+    # m2 (high availability, no demand) swaps its 3g on node/1 for a 1g. Consolidation places
+    # that copy on node/2, so the copy is named a move while the 3g's delete is a profile
+    # swap. Paired by name, the copy went alone within a budget of 3 (beside m0's move, 2),
+    # the next plan scaled it down as surplus, the one after made it again: a loop, with
+    # m0 moving between node/1 and node/2 on every turn.
+    from test_planner import check_valid
+
+    m0 = ModelSpec("m0", {"2g.20gb": 48.8, "3g.40gb": 58.5, "7g.80gb": 97.5},
+                   ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"), min_replicas=0, max_replicas=7,
+                   high_availability=True)
+    m1 = ModelSpec("m1", {"1g.10gb": 10.0, "2g.20gb": 12.5}, ("1g.10gb", "2g.20gb"), min_replicas=1, max_replicas=1)
+    m2 = ModelSpec("m2", {"1g.10gb": 8.8, "3g.40gb": 30.0}, ("3g.40gb", "1g.10gb"), min_replicas=0, max_replicas=3,
+                   high_availability=True)
+    m3 = ModelSpec("m3", {"2g.20gb": 20.0}, ("2g.20gb",), min_replicas=0, max_replicas=2, high_availability=True)
+    models = [m0, m1, m2, m3]
+    demand = dict.fromkeys(("m0", "m1", "m2", "m3"), 0.0)
+    twos = (Placement(0, "2g.20gb"), Placement(2, "2g.20gb"))
+    ready = State.READY
+    cl = ClusterState(
+        gpus=(GpuState("node/0", "node", A100, (*twos, Placement(4, "2g.20gb"), Placement(6, "1g.10gb"))),
+              GpuState("node/1", "node", A100, (*twos, Placement(4, "3g.40gb"))),
+              GpuState("node/2", "node", A100, (*twos, Placement(6, "1g.10gb"))),
+              GpuState("node/3", "node", A100, (Placement(0, "7g.80gb"),))),
+        replicas=(Replica("m3-0", "m3", "2g.20gb", "node/0", 0, ready), Replica("m1-1", "m1", "2g.20gb", "node/0", 2, ready),
+                  Replica("m0-0", "m0", "2g.20gb", "node/0", 4, ready), Replica("m2-2", "m2", "1g.10gb", "node/0", 6, ready),
+                  Replica("m2-0", "m2", "3g.40gb", "node/1", 4, ready), Replica("m0-2", "m0", "2g.20gb", "node/1", 0, ready),
+                  Replica("m3-2", "m3", "2g.20gb", "node/2", 0, ready)),
+    )
+    moves = (Reason.PROFILE_EFFICIENCY, Reason.CONSOLIDATE, Reason.HIGH_AVAILABILITY)
+    for _ in range(8):
+        p = plan(models, demand, cl, churn_budget=3)
+        check_valid(cl, p)
+        for m in models:
+            mine = [a for a in p.actions if a.model == m.name and a.reason in moves]
+            assert any(a.kind is ActionKind.CREATE for a in mine) == any(a.kind is ActionKind.DELETE for a in mine), \
+                [(a.kind.value, a.replica, a.reason.value) for a in mine]
+        if not p.actions:
+            break
+        created = {a.replica for a in p.actions if a.kind is ActionKind.CREATE}
+        cl = apply_plan_to_cluster(cl, p)
+        again = plan(models, demand, cl, churn_budget=3)
+        assert not created & {a.replica for a in again.actions
+                              if a.kind is ActionKind.DELETE and a.reason is Reason.SCALE_DOWN_DEMAND}
+    else:
+        raise AssertionError("no fixpoint in 8 plans")

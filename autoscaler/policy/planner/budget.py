@@ -155,13 +155,18 @@ def select(creates: list[Create], removed: dict[str, Reason], replicas: dict[str
     # deleting what they replace are churn for nothing -- the next tick finds the
     # model over its demand and scales the copies down again, and the tick after
     # starts the replacement over (a loop, one start delay per turn).
+    # One unit per model, whatever names its parts: a consolidation may move a model's new
+    # copy (named a move) while the replica it replaces goes for profile efficiency, and a
+    # moved copy of a model that must spread is named for high availability.
+    seen: set[str] = set()
     for kind in ("move", "replace"):
-        for model in sorted({c.model for c in creates if _replacement(c.reason) == kind}):
-            cs = [c for c in creates if c.model == model and _replacement(c.reason) == kind]
-            ds = sorted(r for r in removed if _replacement(removed[r]) == kind and replicas[r].model == model)
+        for model in sorted({c.model for c in creates if _replacement(c.reason) == kind} - seen):
+            seen.add(model)
+            cs = [c for c in creates if c.model == model and _replacement(c.reason) is not None]
+            ds = sorted(r for r in removed if _replacement(removed[r]) is not None and replicas[r].model == model)
             take_create(cs, ds)
-            if kind == "replace" and any(c.order not in sel_c for c in cs):
-                grow_short(model, cs)
+            if any(c.order not in sel_c for c in cs):
+                grow_short(model, [c for c in cs if _replacement(c.reason) == "replace"])
     for rid in sorted(removed):
         take_delete(rid)
     deferred = {c.model for c in creates if c.order not in sel_c}
@@ -179,14 +184,16 @@ def _replacement(why: Reason) -> str | None:
 def withdraw_replacement(rid: str, creates: Sequence[Create], removed: Mapping[str, Reason],
                          replicas: Mapping[str, Replica], sel_c: set[int], sel_d: set[str]) -> None:
     """``rid``'s delete cannot go this call: if it is part of a replacement, the whole
-    replacement (that model's copies and deletes of the same kind) waits with it, as
-    ``select`` takes one all or nothing."""
-    kind = _replacement(removed[rid])
-    if kind is None:
-        return
-    model = replicas[rid].model
-    sel_c.difference_update(c.order for c in creates if c.model == model and _replacement(c.reason) == kind)
-    sel_d.difference_update([d for d in sel_d if replicas[d].model == model and _replacement(removed[d]) == kind])
+    replacement (that model's copies and replacing deletes) waits with it, as ``select``
+    takes one all or nothing."""
+    if _replacement(removed[rid]) is not None:
+        _withdraw(replicas[rid].model, creates, removed, replicas, sel_c, sel_d)
+
+
+def _withdraw(model: str, creates: Sequence[Create], removed: Mapping[str, Reason],
+              replicas: Mapping[str, Replica], sel_c: set[int], sel_d: set[str]) -> None:
+    sel_c.difference_update(c.order for c in creates if c.model == model and _replacement(c.reason) is not None)
+    sel_d.difference_update([d for d in sel_d if replicas[d].model == model and _replacement(removed[d]) is not None])
 
 
 def settle(creates: Sequence[Create], removed: Mapping[str, Reason], replicas: Mapping[str, Replica],
@@ -217,16 +224,13 @@ def settle(creates: Sequence[Create], removed: Mapping[str, Reason], replicas: M
         for c in drop:
             sel_c.discard(c.order)
             deferred.add(c.model)
-        # Per model, not per kind: a consolidation copy of a model that must spread is
-        # named a high-availability create while the delete it pairs with stays a move.
         torn = {c.model for c in creates
                 if _replacement(c.reason) is not None and c.order in chosen and c.order not in sel_c}
         torn = {m for m in torn
                 if any(c.model == m and _replacement(c.reason) is not None and c.order in sel_c for c in creates)
                 or any(replicas[d].model == m and _replacement(removed[d]) is not None for d in sel_d)}
         for m in torn:
-            sel_c.difference_update(c.order for c in creates if c.model == m and _replacement(c.reason) is not None)
-            sel_d.difference_update([d for d in sel_d if replicas[d].model == m and _replacement(removed[d]) is not None])
+            _withdraw(m, creates, removed, replicas, sel_c, sel_d)
             deferred.add(m)
         if not drop and not torn:
             return deferred
