@@ -15,9 +15,10 @@ replicas under a budget of 4 would start 4 a tick over three 15 s ticks, the
 last ones 30 s after the first -- on top of a 30 s start, with every request
 meanwhile queueing. Filled in this order: new
 capacity by priority (with the deletes its space depends on), clean-up and
-scale-down deletes, consolidation moves, other replacements -- each of the
-last two all or nothing per model: a copy without its delete is churn for
-nothing, and the next tick would scale the copy down again. Multinode
+scale-down deletes, then replacements: the models with a consolidation move
+first, each model's moves and other replacements one unit, all or nothing: a
+copy without its delete is churn for nothing, and the next tick would scale the
+copy down again. Multinode
 groups (``planner.multinode``): one CREATE per member GPU, the whole group
 selected or deferred together.
 
