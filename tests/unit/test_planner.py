@@ -279,6 +279,33 @@ def test_consolidation_leaves_replicas_a_growing_model_has_outgrown_where_they_a
         [(a.kind.value, a.replica, a.gpu, a.reason.value) for a in p3.actions]
 
 
+def test_consolidation_leaves_a_replica_outgrown_by_a_fast_path_replica_where_it_is():
+    # m1 runs one 3g (207.4 req/s) for 208. The scale-up fast path gives it node/2's empty 7g
+    # (553): the 3g is outgrown. Moving it into node/1's 3g (freed by m0's scale-down) would
+    # empty node/0, but the next plan scales the copy down: the 3g stays until it goes.
+    m0 = ModelSpec("m0", {"2g.20gb": 31.5, "3g.40gb": 47.2}, ("3g.40gb", "2g.20gb"), min_replicas=1, max_replicas=5,
+                   priority=2)
+    m1 = ModelSpec("m1", {"3g.40gb": 207.4, "7g.80gb": 553.0}, ("3g.40gb", "7g.80gb"), min_replicas=0, max_replicas=2)
+    ready = ReplicaState.READY
+    threes = (Placement(0, "3g.40gb"), Placement(4, "3g.40gb"))
+    cl = ClusterState(
+        gpus=(GpuState("node/0", "node", A100, threes), GpuState("node/1", "node", A100, (Placement(2, "2g.20gb"), Placement(4, "3g.40gb"))),
+              GpuState("node/2", "node", A100, (Placement(0, "7g.80gb"),))),
+        replicas=(Replica("m0-0", "m0", "3g.40gb", "node/0", 0, ready), Replica("m1-0", "m1", "3g.40gb", "node/0", 4, ready),
+                  Replica("m0-1", "m0", "2g.20gb", "node/1", 2, ready), Replica("m0-2", "m0", "3g.40gb", "node/1", 4, ready)),
+    )
+    demand = {"m0": 0.0, "m1": 208.0}
+    p = plan([m0, m1], demand, cl)
+    made = [(a.profile, a.gpu, a.reason) for a in p.actions if a.kind is ActionKind.CREATE]
+    assert ("7g.80gb", "node/2", Reason.SCALE_UP_DEMAND) in made, made
+    assert not any(a.model == "m1" and a.kind is ActionKind.DELETE for a in p.actions)
+    created = {a.replica for a in p.actions if a.kind is ActionKind.CREATE}
+    after = apply_plan_to_cluster(cl, p)
+    p2 = plan([m0, m1], demand, after)
+    assert [a.replica for a in p2.actions if a.kind is ActionKind.DELETE] == ["m1-0"]
+    assert not created & {a.replica for a in p2.actions if a.kind is ActionKind.DELETE}
+
+
 def test_repartition_only_after_the_affected_instances_are_empty():
     # node/0 runs a 7g replica of "a"; demand drops and "b" needs 1g slices.
     cl = ClusterState(

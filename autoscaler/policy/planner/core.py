@@ -308,7 +308,7 @@ def _attempt(cluster: ClusterState, rows: list[tuple], models: Sequence[ModelSpe
     evacuated: set[str] = set()
     starting = frozenset(r.id for r in cluster.replicas if r.state is ReplicaState.STARTING)
     for _ in range(CONSOLIDATE_ROUNDS):
-        moved |= consolidate(work, gpus, removed, evacuated, recut=recut, starting=starting)
+        moved |= consolidate(work, gpus, removed, evacuated, recut=recut, starting=starting, copies=moved)
         if not (total_new and unmet(work, gpus)):
             break
         # The HA repair or consolidation may have opened space while demand

@@ -13,6 +13,7 @@ are recorded in ``removed`` with their reason.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import TYPE_CHECKING
 
 from autoscaler.mig.layout import Placement, check_layout
@@ -139,7 +140,8 @@ def _hosts(g: GpuWork, model: str) -> bool:
 
 def consolidate(work: dict[str, ModelWork], gpus: list[GpuWork], removed: dict[str, Reason],
                 evacuated: set[str] | None = None, *, recut: bool = True,
-                starting: frozenset[str] = frozenset()) -> set[tuple[str, int]]:
+                starting: frozenset[str] = frozenset(),
+                copies: Container[tuple[str, int]] = frozenset()) -> set[tuple[str, int]]:
     """Empty lightly used GPUs whose replicas all fit in free space elsewhere.
 
     ``recut`` False: only into empty instances as cut now. Where a repartition drains the
@@ -154,9 +156,11 @@ def consolidate(work: dict[str, ModelWork], gpus: list[GpuWork], removed: dict[s
     Nor is a GPU hosting a replica its model has outgrown this plan: one without which
     the model's capacity, new replicas included, still covers its demand. It stays
     only until the new replicas serve (make before break); the next plan scales it
-    down, so a copy made now would be deleted one tick after it was paid for."""
+    down, so a copy made now would be deleted one tick after it was paid for.
+    ``copies``: the (GPU, start) slots this plan's moves filled, copies of running
+    replicas rather than new capacity."""
     moved: set[tuple[str, int]] = set()
-    outgrown = _outgrown(work, gpus)
+    outgrown = _outgrown(work, gpus, copies)
     # A GPU that took a fast-path replica this tick is not emptied: moving that
     # replica would mostly mean a repartition, which is what the fast path avoids.
     used = [g for g in gpus if g.hard and g.whole is None and not g.frozen and not g.keep_cut
@@ -220,22 +224,23 @@ def consolidate(work: dict[str, ModelWork], gpus: list[GpuWork], removed: dict[s
     return moved
 
 
-def _outgrown(work: dict[str, ModelWork], gpus: list[GpuWork]) -> set[str]:
-    """Ids of running replicas of growing models (``m.add``) whose capacity the model
-    no longer needs once what is placed for it serves. A model with no demand
-    figure has outgrown nothing."""
-    growing = {n: m for n, m in work.items() if m.add and m.demand is not None}
-    if not growing:
-        return set()
-    held: dict[str, float] = dict.fromkeys(growing, 0.0)
+def _outgrown(work: dict[str, ModelWork], gpus: list[GpuWork], copies: Container[tuple[str, int]]) -> set[str]:
+    """Ids of running replicas of growing models (a new replica placed this plan, by the
+    fast path or the sizing, not a move's copy) whose capacity the model no longer needs
+    once what is placed for it serves. A model with no demand figure has outgrown nothing."""
+    held: dict[str, float] = {}
+    growing: set[str] = set()
     running: list[tuple[str, str, str]] = []
     for g in gpus:
-        for model, prof, rid in g.hard.values():
-            m = growing.get(model)
-            if m is None:
+        for s, (model, prof, rid) in g.hard.items():
+            m = work.get(model)
+            if m is None or m.demand is None:
                 continue
-            held[model] += m.cap.get(prof, 0.0)
-            if rid is not None:
+            held[model] = held.get(model, 0.0) + m.cap.get(prof, 0.0)
+            if rid is None:
+                if (g.id, s) not in copies:
+                    growing.add(model)
+            else:
                 running.append((model, prof, rid))
-    return {rid for model, prof, rid in running
-            if held[model] - growing[model].cap.get(prof, 0.0) >= (growing[model].demand or 0.0) - EPS}
+    return {rid for model, prof, rid in running if model in growing
+            and held[model] - work[model].cap.get(prof, 0.0) >= (work[model].demand or 0.0) - EPS}
