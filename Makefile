@@ -13,7 +13,7 @@ PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
 # `make demo` needs no browser; the test suite drives a real headless Chromium.
 BROWSER ?= 0
 
-.PHONY: demo test setup debs venv lint bench clean
+.PHONY: demo test setup debs venv lint bench props-deep clean
 
 setup: debs venv
 
@@ -58,6 +58,17 @@ test:
 	$(PYTEST) -n 2 -m "integration and not alone and not browser" tests || rc=$$?; \
 	$(PYTEST) -m "alone or browser" tests || rc=$$?; \
 	exit $$rc
+
+# The planner's property tests at depth, outside `make test`: each planner fault they have
+# found needed 5,000-10,000 examples a test (about 6 minutes a seed on one core).
+PROPS_EXAMPLES ?= 10000
+PROPS_SEEDS ?= 1 2 3
+props-deep: venv
+	@rc=0; for s in $(PROPS_SEEDS); do \
+	  echo "planner property tests: seed $$s, $(PROPS_EXAMPLES) examples"; \
+	  PLANNER_EXAMPLES=$(PROPS_EXAMPLES) $(PYTEST) -p no:timeout tests/unit/test_planner_props.py \
+	    --hypothesis-seed=$$s || rc=$$?; \
+	done; exit $$rc
 
 lint: venv
 	$(BIN)/ruff check autoscaler tests loadtests benchmarks

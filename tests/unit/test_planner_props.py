@@ -30,7 +30,7 @@ from autoscaler.policy.types import (
 )
 
 PRODUCTS = ("A100-SXM4-80GB", "H100-SXM5-80GB", "A100-SXM4-40GB")
-# PLANNER_EXAMPLES=500 for a deeper local run; the default keeps this file fast.
+# PLANNER_EXAMPLES=10000 (`make props-deep`) for a deep run; the default keeps this file fast.
 EXAMPLES = int(os.environ.get("PLANNER_EXAMPLES", "40"))
 FAST = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
