@@ -7,8 +7,9 @@ its start, and that a replica still starting is not moved."""
 
 from __future__ import annotations
 
-from autoscaler.mig import Placement
+from autoscaler.mig import Placement, get_product
 from autoscaler.policy.planner import apply_plan_to_cluster, plan
+from autoscaler.policy.planner.budget import REPLACING
 from autoscaler.policy.types import ActionKind, ClusterState, GpuState, ModelSpec, Reason, Replica
 from autoscaler.policy.types import ReplicaState as State
 from autoscaler.protocols import action_groups
@@ -20,6 +21,14 @@ LIGHT = {"1g.10gb": 127.0, "2g.20gb": 171.0, "3g.40gb": 191.0, "7g.80gb": 192.0}
 
 def spec(name: str, **kw) -> ModelSpec:
     return ModelSpec(name, dict(LIGHT), tuple(LIGHT), **kw)
+
+
+def assert_replacements_whole(p, models) -> None:
+    """A copy never goes without the delete it pairs with, nor a delete without its copy."""
+    for m in models:
+        mine = [a for a in p.actions if a.model == m.name and a.reason in REPLACING]
+        assert any(a.kind is ActionKind.CREATE for a in mine) == any(a.kind is ActionKind.DELETE for a in mine), \
+            [(a.kind.value, a.replica, a.reason.value) for a in mine]
 
 
 def owner_of(cluster: ClusterState):
@@ -119,14 +128,9 @@ def test_a_create_that_needs_the_room_of_a_deferred_delete_is_deferred_with_it()
     after = apply_plan_to_cluster(cl, p)
     for g in after.gpus:
         slots = [s for r in after.replicas if r.gpu == g.id
-                 for s in range(r.start, r.start + {"1g.10gb": 1, "3g.40gb": 4, "7g.80gb": 8}[r.profile])]
+                 for s in range(r.start, r.start + get_product(A100).profiles[r.profile].mem_slots)]
         assert len(slots) == len(set(slots)), (g.id, sorted((r.id, r.start, r.profile) for r in after.replicas if r.gpu == g.id))
-    # a copy never goes without the delete it pairs with, nor a delete without its copy
-    moves = (Reason.PROFILE_EFFICIENCY, Reason.CONSOLIDATE, Reason.HIGH_AVAILABILITY)
-    for m in models:
-        mine = [a for a in p.actions if a.model == m.name and a.reason in moves]
-        assert any(a.kind is ActionKind.CREATE for a in mine) == any(a.kind is ActionKind.DELETE for a in mine), \
-            [(a.kind.value, a.replica, a.reason.value) for a in mine]
+    assert_replacements_whole(p, models)
 
 
 def test_a_replacement_is_one_unit_under_the_budget_whatever_names_its_parts():
@@ -158,14 +162,10 @@ def test_a_replacement_is_one_unit_under_the_budget_whatever_names_its_parts():
                   Replica("m2-0", "m2", "3g.40gb", "node/1", 4, ready), Replica("m0-2", "m0", "2g.20gb", "node/1", 0, ready),
                   Replica("m3-2", "m3", "2g.20gb", "node/2", 0, ready)),
     )
-    moves = (Reason.PROFILE_EFFICIENCY, Reason.CONSOLIDATE, Reason.HIGH_AVAILABILITY)
     for _ in range(8):
         p = plan(models, demand, cl, churn_budget=3)
         check_valid(cl, p)
-        for m in models:
-            mine = [a for a in p.actions if a.model == m.name and a.reason in moves]
-            assert any(a.kind is ActionKind.CREATE for a in mine) == any(a.kind is ActionKind.DELETE for a in mine), \
-                [(a.kind.value, a.replica, a.reason.value) for a in mine]
+        assert_replacements_whole(p, models)
         if not p.actions:
             break
         created = {a.replica for a in p.actions if a.kind is ActionKind.CREATE}
