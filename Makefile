@@ -59,15 +59,15 @@ test:
 	$(PYTEST) -m "alone or browser" tests || rc=$$?; \
 	exit $$rc
 
-# The planner's property tests at depth, outside `make test`: each planner fault they have
-# found needed 5,000-10,000 examples a test (about 6 minutes a seed on one core).
+# The planner's and decide's property tests at depth, outside `make test`: each planner fault
+# they have found needed 5,000-10,000 examples a test (about 9 minutes a seed on one core).
 PROPS_EXAMPLES ?= 10000
 PROPS_SEEDS ?= 1 2 3
 props-deep: venv
 	@rc=0; for s in $(PROPS_SEEDS); do \
-	  echo "planner property tests: seed $$s, $(PROPS_EXAMPLES) examples"; \
+	  echo "planner and decide property tests: seed $$s, $(PROPS_EXAMPLES) examples"; \
 	  PLANNER_EXAMPLES=$(PROPS_EXAMPLES) $(PYTEST) -p no:timeout tests/unit/test_planner_props.py \
-	    --hypothesis-seed=$$s || rc=$$?; \
+	    tests/unit/test_decide_props.py --hypothesis-seed=$$s || rc=$$?; \
 	done; exit $$rc
 
 lint: venv

@@ -479,6 +479,29 @@ def test_failed_and_draining_replicas_are_not_capacity():
     assert p.capacity_rps["a"] == 127
 
 
+def test_the_instance_of_a_failed_replica_goes_to_one_new_replica_only():
+    # b's only replica failed on node/0's 4g; a is short and could use that 4g too. The
+    # fleet holds no second 4g, so the share rule gives it to b (one replica for every
+    # model with demand before anyone's extra). The failed replica's instance must not
+    # also count as empty: then b's replacement took it, opening the leaving replicas'
+    # space listed it as empty again under b's, and a's top-up was placed over b's.
+    ones = tuple(Placement(i, "1g.10gb") for i in range(7))
+    cl = ClusterState(
+        gpus=(GpuState("node/0", "node", A100, layout=(Placement(0, "4g.40gb"), Placement(4, "3g.40gb"))),
+              GpuState("node/1", "node", A100, layout=ones)),
+        replicas=(Replica("b-0", "b", "4g.40gb", "node/0", 0, ReplicaState.FAILED),
+                  Replica("c-0", "c", "3g.40gb", "node/0", 4, ReplicaState.READY),
+                  *(Replica(f"a-{i}", "a", "1g.10gb", "node/1", i, ReplicaState.READY) for i in range(7))),
+    )
+    a = spec("a", {"1g.10gb": 10.0, "4g.40gb": 40.0}, max_replicas=10)
+    b = spec("b", {"4g.40gb": 40.0}, max_replicas=1)
+    p = plan([a, b, spec("c", {"3g.40gb": 15.0})], {"a": 75.0, "b": 1.0, "c": 10.0}, cl)
+    check_valid(cl, p)
+    assert [x.model for x in p.assignments if (x.gpu, x.start) == ("node/0", 0)] == ["b"]
+    assert p.capacity_rps["b"] == 40.0 and Reason.SHORTFALL not in p.reasons["b"]
+    assert p.capacity_rps["a"] == 70.0 and Reason.SHORTFALL in p.reasons["a"]
+
+
 def test_missing_demand_holds_current_replicas():
     cl = ClusterState(
         gpus=gpus(1, layout=(Placement(0, "1g.10gb"), Placement(1, "1g.10gb"))),

@@ -292,7 +292,7 @@ def _attempt(cluster: ClusterState, rows: list[tuple], models: Sequence[ModelSpe
         if r.id in removed or r.model not in work:
             w = by_id.get(r.gpu)
             if w is not None and r.profile in w.product.profiles and r.profile != WHOLE:
-                w.blocked[r.start] = Placement(r.start, r.profile)
+                w.block(Placement(r.start, r.profile))
 
     # Multinode groups take whole RDMA GPUs before new MIG replicas are placed.
     groups = plan_multinode(mn_models, demand_rps, cluster, gpus, by_id, removed)

@@ -97,7 +97,7 @@ def plan_multinode(models: Sequence[ModelSpec], demand_rps: Mapping[str, float],
                 w = by_id.get(r.gpu)
                 if w is not None and w.whole is None:
                     # Still serving until deleted: nothing new may use it yet.
-                    w.blocked[0] = Placement(0, w.product.full.name)
+                    w.block(Placement(0, w.product.full.name))
         k = 0
         for _ in range(want - len(keep)):
             chosen = _pick_group(spec, gpus)

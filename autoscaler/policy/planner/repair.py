@@ -90,7 +90,7 @@ def fix_high_availability(work: dict[str, ModelWork], gpus: list[GpuWork],
         moved.add((h.id, start))
         del g0.hard[s]
         if v[2] is not None:
-            g0.blocked[s] = Placement(s, v[1])
+            g0.block(Placement(s, v[1]))
             m.keep = [r for r in m.keep if r.id != v[2]]
             removed[v[2]] = Reason.HIGH_AVAILABILITY
         else:
@@ -206,7 +206,7 @@ def consolidate(work: dict[str, ModelWork], gpus: list[GpuWork], removed: dict[s
             continue
         for s, (model, prof, rid) in items:
             if rid is not None:
-                g.blocked[s] = Placement(s, prof)
+                g.block(Placement(s, prof))
                 removed[rid] = Reason.CONSOLIDATE
                 m = work.get(model)
                 if m is not None:
