@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -650,6 +651,24 @@ def test_multinode_scale_down_removes_whole_groups():
     p = plan([llm()], {"llm": 5}, cl)
     deleted = [a.replica for a in p.actions if a.kind is ActionKind.DELETE]
     assert len(deleted) == 2 and len({group_of(r) for r in deleted}) == 1
+
+
+def test_a_group_whose_gpu_a_new_replica_needs_goes_whole_or_waits():
+    # The llm group scales to zero while model a needs two 3g on rdma-0/0, the GPU of one
+    # member. Under a churn budget of 2 the group's delete takes both member GPUs, and a's
+    # creates wait a tick: taking only the member in a's way would leave half a group
+    # holding rdma-1/0 and serving nothing.
+    cut = (Placement(0, "3g.40gb"), Placement(4, "3g.40gb"))
+    pool = (dataclasses.replace(rdma_gpus(1)[0], mig_enabled=True, layout=cut),) + rdma_gpus(1, start=1)
+    cl = ClusterState(gpus=pool, replicas=(Replica("llm-g0-0", "llm", "whole", "rdma-0/0", 0, ReplicaState.READY),
+                                           Replica("llm-g0-1", "llm", "whole", "rdma-1/0", 0, ReplicaState.READY)))
+    a = spec("a", {"3g.40gb": 30.0}, max_replicas=4)
+    for budget in (2, 3, None):
+        p = plan([llm(max_replicas=1), a], {"llm": 0.0, "a": 50.0}, cl, churn_budget=budget)
+        deleted = {x.replica for x in p.actions if x.kind is ActionKind.DELETE}
+        assert deleted == {"llm-g0-0", "llm-g0-1"}, (budget, deleted)
+        created = [x for x in p.actions if x.kind is ActionKind.CREATE]
+        assert len(created) == (0 if budget == 2 else 2), (budget, created)
 
 
 # ---------------------------------------------------------------- idempotence & MILP

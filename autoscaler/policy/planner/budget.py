@@ -19,8 +19,9 @@ scale-down deletes, then replacements: the models with a consolidation move
 first, each model's moves and other replacements one unit, all or nothing: a
 copy without its delete is churn for nothing, and the next tick would scale the
 copy down again. Multinode
-groups (``planner.multinode``): one CREATE per member GPU, the whole group
-selected or deferred together.
+groups (``planner.multinode``): one CREATE or DELETE per member GPU, the whole
+group selected or deferred together, also where a create needs the GPU of one
+member (half a group holds its other GPUs and serves nothing).
 
 A model short of its demand whose new mix replaces its old one (a
 rebalance, ``Reason.PROFILE_EFFICIENCY``) still grows when the whole
@@ -94,6 +95,7 @@ def select(creates: list[Create], removed: dict[str, Reason], replicas: dict[str
         deps: set[str] = {d for d in along if d not in sel_d}
         for c in unit:
             deps |= deps_of(c)
+        deps |= {r for d in deps if replicas[d].profile == WHOLE for r in members(d)} - sel_d
         if any(removed[d] in REPLACING and replicas[d].model not in {c.model for c in unit} and d not in along
                for d in deps):
             return
@@ -123,13 +125,14 @@ def select(creates: list[Create], removed: dict[str, Reason], replicas: dict[str
             sel_c.add(c.order)
             short -= m.cap.get(c.profile, 0.0)
 
+    def members(rid: str) -> list[str]:  # a multinode group goes whole: every member GPU of it
+        return [r for r in removed if group_of(r) == group_of(rid) and replicas[r].model == replicas[rid].model]
+
     def take_delete(rid: str) -> None:
         nonlocal left
         if rid in sel_d or left < 1 or needs(rid):
             return
-        group = [rid]
-        if replicas[rid].profile == WHOLE:
-            group = [r for r in removed if group_of(r) == group_of(rid) and replicas[r].model == replicas[rid].model]
+        group = members(rid) if replicas[rid].profile == WHOLE else [rid]
         if len(group) > left:
             return
         left -= len(group)

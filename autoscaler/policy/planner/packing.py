@@ -195,12 +195,13 @@ class GpuWork:
         self.hard[start] = (model, profile, replica)
 
     def block(self, p: Placement) -> None:
-        """Hold the instance of a replica that leaves this tick: occupied, not empty, until
-        tier 2 opens the space of leaving replicas (``place._open_tier2``). An instance
-        left among the empty ones as well would be offered to a new replica at once, and
+        """Hold the space of a replica that leaves this tick: occupied, not empty, until
+        tier 2 opens the space of leaving replicas (``place._open_tier2``). The empty
+        instances it overlaps go (its own; on a group member's GPU, any it is cut into):
+        one left among the empty ones would be offered to a new replica at once, and
         opening tier 2 would list it as empty again under whatever took it."""
         self.blocked[p.start] = p
-        self.soft.discard(p)
+        self.soft = {q for q in self.soft if not overlaps(self.product, q, p)}
 
     def models(self) -> set[str]:
         return {v[0] for v in self.hard.values()}
