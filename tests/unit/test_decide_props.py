@@ -165,7 +165,7 @@ def _kept_within(cfg: PolicyConfig, state: PolicyState, now_s: float, gap_s: flo
     return bad
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 @given(fleets(), st.lists(TICK, min_size=5, max_size=40))
 def test_decide_over_random_ticks_keeps_its_promises(fleet, ticks):
     first = _run(*fleet, ticks)

@@ -32,7 +32,9 @@ from autoscaler.policy.types import (
 PRODUCTS = ("A100-SXM4-80GB", "H100-SXM5-80GB", "A100-SXM4-40GB")
 # PLANNER_EXAMPLES=10000 (`make props-deep`) for a deep run; the default keeps this file fast.
 EXAMPLES = int(os.environ.get("PLANNER_EXAMPLES", "40"))
-FAST = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# print_blob: a failure prints the @reproduce_failure line that replays its example exactly
+# (hypothesis cannot print these composite instances back as code).
+FAST = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 
 
 @st.composite
@@ -133,7 +135,7 @@ def test_layouts_valid_and_profiles_usable(inst):
             assert len({a.gpu for a in mine}) >= 2 or Reason.SHORTFALL in p.reasons[m.name]
 
 
-@settings(max_examples=max(10, EXAMPLES * 3 // 4), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(FAST, max_examples=max(10, EXAMPLES * 3 // 4))
 @given(instances(max_gpus=4, max_models=3, multinode=False))
 @example(([ModelSpec("m0", {}, ("1g.10gb",), min_replicas=0, max_replicas=1)], {"m0": 5e-7},
           ClusterState(gpus=(GpuState("g0", "n0", "A100-SXM4-80GB", layout=()),))))
