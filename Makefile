@@ -60,7 +60,7 @@ test:
 	exit $$rc
 
 # The planner's and decide's property tests at depth, outside `make test`: each planner fault
-# they have found needed 5,000-10,000 examples a test (about 9 minutes a seed on one core).
+# they have found needed 5,000-10,000 examples a test (about 10 minutes a seed on one core).
 PROPS_EXAMPLES ?= 10000
 PROPS_SEEDS ?= 1 2 3
 props-deep: venv
