@@ -225,7 +225,7 @@ def _run(cfg: PolicyConfig, gpus: tuple[GpuState, ...], ticks) -> list:
             n = current_capacity(spec, cluster)[0]  # live: starting or ready
             assert n <= spec.max_replicas, (spec.name, n)
             # A short fleet is shared by priority (test_fleet_share.py); a churn budget may
-            # hold a replacement for a tick (the failed replica's delete goes first).
+            # hold a create for a tick while the delete whose room it needs goes first.
             if not short and Reason.CHURN_BUDGET not in plan.reasons[spec.name]:
                 assert n >= spec.min_replicas, (spec.name, n, plan.reasons[spec.name])
             t = plan.target_rps.get(spec.name)

@@ -480,6 +480,23 @@ def test_failed_and_draining_replicas_are_not_capacity():
     assert p.capacity_rps["a"] == 127
 
 
+def test_crash_looping_replicas_are_replaced_at_once_whatever_the_churn_budget():
+    # Three of seven replicas crash-loop on a full GPU. Deleting them stops nothing that
+    # serves, and their replacements need only that room: none of it is churn, so a budget
+    # of 1 replaces all three this call (it held two of the three deletes, and every create,
+    # for later ticks).
+    ones = tuple(Placement(i, "1g.10gb") for i in range(7))
+    dead = {2, 4, 6}
+    cl = ClusterState(gpus=gpus(1, layout=ones), replicas=tuple(
+        Replica(f"a-{i}", "a", "1g.10gb", "node/0", i, ReplicaState.CRASHLOOP if i in dead else ReplicaState.READY)
+        for i in range(7)))
+    p = plan([spec("a", max_replicas=7)], {"a": 7 * 127 - 1}, cl, churn_budget=1)
+    assert {x.replica for x in p.actions if x.kind is ActionKind.DELETE} == {f"a-{i}" for i in dead}
+    assert sorted(x.start for x in p.actions if x.kind is ActionKind.CREATE) == sorted(dead)
+    assert p.capacity_rps["a"] == 7 * 127 and Reason.CHURN_BUDGET not in p.reasons["a"]
+    assert_actions_are_safe(cl, p, [spec("a", max_replicas=7)])
+
+
 def test_the_instance_of_a_failed_replica_goes_to_one_new_replica_only():
     # b's only replica failed on node/0's 4g; a is short and could use that 4g too. The
     # fleet holds no second 4g, so the share rule gives it to b (one replica for every

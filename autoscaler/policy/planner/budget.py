@@ -6,9 +6,11 @@ reason); its output is the selection, after which ``apply_selection`` drops
 the deferred creates from the target and puts the deferred deletes back.
 
 Churn budget: CREATE + DELETE actions per call that stop or move something
-that runs. A scale-up CREATE that needs no DELETE to make room is not churn
-and is not counted (its REPARTITION, if any, only cuts instances that are
-empty): it disturbs nothing that serves, the HPA behavior already bounds how
+that runs. The DELETE of a replica that serves nothing (failed, crash-looping)
+is not churn, and a scale-up CREATE that needs no DELETE to make room, or only
+such a one, is not churn either and is not counted (its REPARTITION, if any,
+only cuts instances that are empty or dead): it disturbs nothing that serves,
+so a crash-looping replica is replaced at once, however many failed together; the HPA behavior already bounds how
 fast a model grows, and holding it back only delays capacity a model is
 short of. Worked number: a flash crowd taking one model from 3 to 14
 replicas under a budget of 4 would start 4 a tick over three 15 s ticks, the
@@ -44,13 +46,15 @@ from typing import TYPE_CHECKING
 from autoscaler.mig.layout import Placement
 from autoscaler.policy.planner.multinode import WHOLE, Groups, group_of
 from autoscaler.policy.planner.work import HEALTHY
-from autoscaler.policy.types import Reason, Replica
+from autoscaler.policy.types import Reason, Replica, ReplicaState
 
 if TYPE_CHECKING:  # pragma: no cover
     from autoscaler.policy.planner.packing import GpuWork
 
 # Deletes that replace capacity: they wait until the model's new replicas are ready.
 REPLACING = (Reason.PROFILE_EFFICIENCY, Reason.CONSOLIDATE, Reason.HIGH_AVAILABILITY)
+# Replicas that serve nothing: their delete stops nothing that runs.
+DEAD = (ReplicaState.FAILED, ReplicaState.CRASHLOOP)
 
 
 class Create:
@@ -82,6 +86,9 @@ def select(creates: list[Create], removed: dict[str, Reason], replicas: dict[str
     sel_d: set[str] = set()
     left = max(0, budget)
 
+    def serves(rid: str) -> bool:  # a failed or crash-looping replica serves nothing: its delete is no churn
+        return replicas[rid].state not in DEAD
+
     def needs(rid: str) -> bool:  # a replacement delete waits for all its model's creates
         return removed[rid] in REPLACING and any(c.order not in sel_c for c in by_model_c.get(replicas[rid].model, []))
 
@@ -99,10 +106,11 @@ def select(creates: list[Create], removed: dict[str, Reason], replicas: dict[str
         if any(removed[d] in REPLACING and replicas[d].model not in {c.model for c in unit} and d not in along
                for d in deps):
             return
-        if not deps and not along and all(_growth(c) for c in unit):
+        if not along and all(_growth(c) for c in unit) and not any(serves(d) for d in deps):
             sel_c.update(c.order for c in unit)  # not churn: see the module docstring
+            sel_d.update(deps)
             return
-        cost = len(unit) + len(deps)
+        cost = len(unit) + sum(1 for d in deps if serves(d))
         if cost > left:
             return
         left -= cost
@@ -130,12 +138,13 @@ def select(creates: list[Create], removed: dict[str, Reason], replicas: dict[str
 
     def take_delete(rid: str) -> None:
         nonlocal left
-        if rid in sel_d or left < 1 or needs(rid):
+        if rid in sel_d or needs(rid):
             return
         group = members(rid) if replicas[rid].profile == WHOLE else [rid]
-        if len(group) > left:
+        cost = sum(1 for r in group if serves(r))
+        if cost > left:
             return
-        left -= len(group)
+        left -= cost
         sel_d.update(group)
 
     def units(cs: list[Create]) -> list[list[Create]]:
