@@ -188,6 +188,25 @@ def test_high_availability_fails_loudly_on_one_gpu():
     assert Reason.SHORTFALL in p.reasons["a"]
 
 
+def test_high_availability_swaps_with_a_model_that_stays_spread():
+    # Three GPUs hold exactly nine 2g and three 1g. The packing put both of m0's 2g on
+    # node/0; the repair may swap one with a 2g of m1, which is HA too and already on
+    # node/0: m1 keeps replicas on the other GPUs, so it stays spread. (Swaps only with a
+    # model absent from node/0 found none, and m0 was left with one replica.)
+    m0 = spec("m0", {"2g.20gb": 12.5}, allowed_profiles=("1g.10gb", "2g.20gb"), min_replicas=2, max_replicas=2,
+              high_availability=True)
+    m1 = spec("m1", {"2g.20gb": 12.5, "3g.40gb": 15.0}, min_replicas=0, max_replicas=7, high_availability=True,
+              priority=1)
+    m2 = spec("m2", {"1g.10gb": 10.0}, min_replicas=0, max_replicas=2, high_availability=True)
+    cl = ClusterState(gpus=gpus(3))
+    p = plan([m0, m1, m2], {"m0": 0.0, "m1": 81.0, "m2": 0.0}, cl)
+    check_valid(cl, p)
+    assert not any(Reason.SHORTFALL in rs for rs in p.reasons.values()), p.reasons
+    for m in ("m0", "m1", "m2"):
+        assert len({a.gpu for a in p.assignments if a.model == m}) >= 2, m
+    assert p.capacity_rps["m1"] >= 81.0 and sum(1 for a in p.assignments if a.model == "m0") == 2
+
+
 def test_existing_replicas_stay_where_they_are():
     cl = ClusterState(
         gpus=gpus(2, layout=(Placement(0, "3g.40gb"), Placement(4, "3g.40gb"))),
