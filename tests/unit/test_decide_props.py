@@ -140,8 +140,9 @@ def _created_starting(cluster: ClusterState, before: set[str]) -> ClusterState:
         r if r.id in before else replace(r, state=ReplicaState.STARTING) for r in cluster.replicas))
 
 
-def _capacity(cfg: PolicyConfig, cluster: ClusterState) -> dict[str, float]:
-    return {s.name: current_capacity(s, cluster)[1] for s in cfg.models}
+def _live(cfg: PolicyConfig, cluster: ClusterState) -> dict[str, tuple[int, float]]:
+    """Per model: live replicas (starting or ready) and their req/s."""
+    return {s.name: current_capacity(s, cluster)[:2] for s in cfg.models}
 
 
 def _kept_within(cfg: PolicyConfig, state: PolicyState, now_s: float, gap_s: float) -> list[str]:
@@ -196,7 +197,9 @@ def _run(cfg: PolicyConfig, gpus: tuple[GpuState, ...], ticks) -> list:
         if restart:
             state = PolicyState()
         cluster = _world(cluster, started, crash)
-        counts = {s.name: current_capacity(s, cluster)[0] for s in cfg.models}
+        live = _live(cfg, cluster)
+        counts = {name: n for name, (n, _) in live.items()}
+        before = {name: cap for name, (_, cap) in live.items()}
         models, blind, partial = {}, set(), set()
         for spec, (kind, drawn) in zip(cfg.models, signals):
             models[spec.name] = _signals(spec.name, kind, drawn, now, counts[spec.name], cfg.metrics_stale_s)
@@ -204,12 +207,12 @@ def _run(cfg: PolicyConfig, gpus: tuple[GpuState, ...], ticks) -> list:
                 blind.add(spec.name)
             elif drawn["reported"] is not None and drawn["reported"] < counts[spec.name]:
                 partial.add(spec.name)
-        before = _capacity(cfg, cluster)
         before_ids = {r.id for r in cluster.replicas}
         obs = Observation(now, cluster, models=models, source_ok=source_ok)
         plan, state = decide(obs, state, cfg, now)
         cluster = _created_starting(apply_plan_to_cluster(cluster, plan), before_ids)
-        after = _capacity(cfg, cluster)
+        live_after = _live(cfg, cluster)
+        after = {name: cap for name, (_, cap) in live_after.items()}
         out.append((plan.actions, dict(plan.target_rps), dict(plan.reasons)))
 
         # never down on a partial picture, nor on the first tick after a restart (HPA
@@ -222,7 +225,7 @@ def _run(cfg: PolicyConfig, gpus: tuple[GpuState, ...], ticks) -> list:
             assert said in plan.reasons[name], (name, plan.reasons[name])
         short = any(Reason.SHORTFALL in r for r in plan.reasons.values())
         for spec in cfg.models:
-            n = current_capacity(spec, cluster)[0]  # live: starting or ready
+            n = live_after[spec.name][0]
             assert n <= spec.max_replicas, (spec.name, n)
             # A short fleet is shared by priority (test_fleet_share.py); a churn budget may
             # hold a create for a tick while the delete whose room it needs goes first.

@@ -9,10 +9,10 @@ Churn budget: CREATE + DELETE actions per call that stop or move something
 that runs. The DELETE of a replica that serves nothing (failed, crash-looping)
 is not churn, and a scale-up CREATE that needs no DELETE to make room, or only
 such a one, is not churn either and is not counted (its REPARTITION, if any,
-only cuts instances that are empty or dead): it disturbs nothing that serves,
-so a crash-looping replica is replaced at once, however many failed together; the HPA behavior already bounds how
-fast a model grows, and holding it back only delays capacity a model is
-short of. Worked number: a flash crowd taking one model from 3 to 14
+only cuts instances that are empty or dead): it disturbs nothing that serves
+(so crash-looping replicas are replaced at once, however many failed together),
+the HPA behavior already bounds how fast a model grows, and holding it back
+only delays capacity a model is short of. Worked number: a flash crowd taking one model from 3 to 14
 replicas under a budget of 4 would start 4 a tick over three 15 s ticks, the
 last ones 30 s after the first -- on top of a 30 s start, with every request
 meanwhile queueing. Filled in this order: new

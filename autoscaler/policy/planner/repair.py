@@ -60,7 +60,7 @@ def fix_high_availability(work: dict[str, ModelWork], gpus: list[GpuWork],
                     other = work.get(v2[0])
                     if v2[1] != v[1] or v2[2] is not None or v2[0] == m.spec.name:
                         continue
-                    if other is not None and other.spec.high_availability and not _spread_after(gpus, v2[0], h, s2, g0):
+                    if other is not None and other.spec.high_availability and not _still_spread(v2[0], h, s2, g0, gpus):
                         continue
                     g.hard[s] = (v2[0], v[1], None)
                     h.hard[s2] = (m.spec.name, v[1], None)
@@ -132,14 +132,6 @@ def _still_spread(model: str, h: GpuWork, s2: int, g0: GpuWork, gpus: list[GpuWo
     """Would ``model`` keep >= 2 distinct GPUs if its replica at (h, s2) moved to g0?"""
     ids = [g.id for g in gpus for s, v in g.hard.items() if v[0] == model and not (g is h and s == s2)]
     return len(ids) + 1 < 2 or len(set(ids) | {g0.id}) >= 2
-
-
-def _spread_after(gpus: list[GpuWork], model: str, h: GpuWork, s: int, to: GpuWork) -> bool:
-    """Whether ``model`` still runs on two GPUs once its replica at ``(h, s)`` moves to ``to``
-    (a swap may give an HA model a second replica on a GPU it already uses, as long as
-    another GPU keeps one)."""
-    ids = {g.id for g in gpus for s2, v in g.hard.items() if v[0] == model and (g, s2) != (h, s)}
-    return len(ids | {to.id}) >= 2
 
 
 def consolidate(work: dict[str, ModelWork], gpus: list[GpuWork], removed: dict[str, Reason],
