@@ -529,11 +529,15 @@ def main(argv: list[str] | None = None) -> int:
                          "them (default: every second): what slower rounds on a large fleet cost")
     ap.add_argument("--cache", default=None, help="JSONL of finished runs, reused when the code is the same")
     ap.add_argument("--out", default=str(RESULTS / "generalization.json"))
-    ap.add_argument("--plot", default=str(RESULTS / "generalization-heldout.png"))
+    ap.add_argument("--plot", default=None,
+                    help="the frontier's PNG (and -families.png beside it); default: --out's name with .png, "
+                         "so a run never overwrites another run's plot; '' for none")
     ap.add_argument("--pool", default=None,
                     help="comma-separated result files of disjoint held-out seeds: their runs summarised "
                          "together (no run is made; --out gets the pooled summary)")
     args = ap.parse_args(argv)
+    if args.plot is None:
+        args.plot = str(Path(args.out).with_suffix(".png"))
     if args.pool:
         return pool_results(args.pool.split(","), args.out)
     t_start = time.perf_counter()

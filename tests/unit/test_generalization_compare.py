@@ -50,8 +50,9 @@ def test_the_benchmark_reports_each_family_frontier_and_comparison(tmp_path, cap
     import generalization as g
 
     out, png = tmp_path / "g.json", tmp_path / "g.png"
+    # no --plot: the PNG goes beside --out, never over another run's plot in benchmarks/results
     assert g.main(["--families", "steps", "--seeds", "6", "--hours", "0.25", "--workers", "1",
-                   "--policies", "migscale,hpa-util", "--out", str(out), "--plot", str(png)]) == 0
+                   "--policies", "migscale,hpa-util", "--out", str(out)]) == 0
     d = json.loads(out.read_text())
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == d
     front = d["frontier_by_family"]["heldout"]["steps"]
