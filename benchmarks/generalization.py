@@ -22,10 +22,11 @@ capacity covering the arrivals).
 
 Frontier: each policy also runs at 3-5 settings of its main knob (migscale:
 the learned headroom's quantile; the HPA baselines: their target value), so
-"better" can be judged at equal attainment. ``benchmarks/results/
-generalization-heldout.png`` plots held-out attainment against GPU-hours, with
-the oracle and the reactive bound's curve; the points are in the JSON. Per
-family too (``frontier_by_family``, ``generalization-heldout-families.png``), and
+"better" can be judged at equal attainment. The PNG (``--plot``, which the
+README's held-out run names ``generalization-heldout.png``; by default ``--out``'s
+name with ``.png``) plots attainment against GPU-hours, with the oracle and the reactive bound's
+curve; the points are in the JSON. Per family too (``frontier_by_family``, the
+``-families.png`` beside it), and
 ``equal_attainment`` prices migscale's default point on each baseline's own
 frontier: what the baseline's settings pay to reach the same attainment
 (two settings that bracket it mixed in proportion; none past the frontier),
