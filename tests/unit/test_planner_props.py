@@ -19,6 +19,7 @@ from autoscaler.mig import Placement, get_product
 from autoscaler.policy.milp import solve
 from autoscaler.policy.planner import apply_plan_to_cluster, group_of, plan
 from autoscaler.policy.planner.sizing import EPS
+from autoscaler.policy.planner.work import HEALTHY
 from autoscaler.policy.types import (
     ActionKind,
     ClusterState,
@@ -188,7 +189,7 @@ def test_churn_budget_and_safe_actions_on_a_running_cluster(inst, budget):
         # churn: what stops or moves a running replica (a scale-up that deletes nothing, or
         # only replicas that serve nothing, is free, and so is a failed replica's delete)
         moves = (Reason.PROFILE_EFFICIENCY, Reason.CONSOLIDATE, Reason.HIGH_AVAILABILITY)
-        serving = {r.id for r in cluster.replicas if r.state in (ReplicaState.READY, ReplicaState.STARTING)}
+        serving = {r.id for r in cluster.replicas if r.state in HEALTHY}
         churned = [a for a in p.actions if (a.kind is ActionKind.DELETE and a.replica in serving)
                    or (a.kind is ActionKind.CREATE and a.reason in moves)]
         assert len(churned) <= budget
@@ -196,7 +197,7 @@ def test_churn_budget_and_safe_actions_on_a_running_cluster(inst, budget):
     after = apply_plan_to_cluster(cluster, p)
     # The plan's assignments and layouts are exactly what its actions leave behind.
     live = sorted((r.model, r.profile, r.gpu, r.start) for r in after.replicas
-                  if r.state in (ReplicaState.READY, ReplicaState.STARTING))
+                  if r.state in HEALTHY)
     assert live == sorted((a.model, a.profile, a.gpu, a.start) for a in p.assignments)
     for g in after.gpus:
         assert tuple(sorted(g.layout)) == tuple(sorted(p.layouts[g.id]))
