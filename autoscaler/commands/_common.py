@@ -2,15 +2,16 @@
 
 Every command that takes ``MODELS CLUSTER`` calls ``load_or_exit`` so bad
 input looks the same everywhere: each problem on its own stderr line,
-prefixed with the file it is in, exit status 2, never a traceback. The
-leading underscore keeps ``cli.py`` from registering this module as commands.
+prefixed with the file it is in, exit status 2, never a traceback.
+``print_rows`` prints the commands' tables so that no cell is cut short on
+a narrow terminal. The leading underscore keeps ``cli.py`` from registering this module as commands.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
@@ -22,6 +23,9 @@ from autoscaler.config import (
     load_models,
     validate_pair,
 )
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 EXIT_USAGE = 2  # bad input: config, arguments (the same status click uses for usage errors)
 
@@ -79,3 +83,35 @@ def load_or_exit(
     if problems or models is None or cluster is None:
         fail(problems)
     return models, cluster
+
+
+def print_rows(console: Console, title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    """Print ``rows`` as a table when it fits ``console`` whole, else one record per row.
+
+    A rich table narrower than its cells' longest words cuts them to "…", so on an
+    80-column terminal (or a pipe, which rich treats as 80 columns) a wide table
+    such as ``explain``'s per-model inputs would lose the very reasons it is read
+    for. Then each row is printed as ``first-cell  column: value · column: value``
+    instead, wrapped under itself, and empty cells are left out.
+    """
+    from rich.measure import Measurement
+    from rich.table import Table
+    from rich.text import Text
+
+    rows = [tuple(r) for r in rows]
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*r)
+    # measured unbounded: rich clamps a measurement to the width it is given
+    if Measurement.get(console, console.options.update_width(1 << 16), table).minimum <= console.width:
+        console.print(table)
+        return
+    console.print(Text(title, style="table.title"))
+    records = Table.grid(padding=(0, 2))
+    records.add_column(no_wrap=True)
+    records.add_column(overflow="fold")
+    for r in rows:
+        records.add_row(r[0], " · ".join(f"{col}: {val}" for col, val in zip(columns[1:], r[1:]) if val))
+    console.print(records)

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
-from autoscaler.commands._common import fail
+from autoscaler.commands._common import fail, print_rows
 from autoscaler.status import crashloop_lines
 
 LOG_NAME = "decisions.jsonl"
@@ -83,7 +83,6 @@ def cycle_sentence(name: str, d: dict[str, Any]) -> str | None:
 
 def render(rec: dict[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     head = f"decision at t={rec.get('t_s')}"
@@ -92,25 +91,10 @@ def render(rec: dict[str, Any]) -> None:
     console.print(head)
     models = rec.get("models") or {}
     reasons = rec.get("reasons") or {}
-    t = Table(title="per model")
-    for col in (
-        "model",
-        "observed rps",
-        "short rps",
-        "long rps",
-        "panic",
-        "correction",
-        "replicas",
-        "capacity rps",
-        "required rps",
-        "target rps",
-        "p99 / SLO ms",
-        "reasons",
-    ):
-        t.add_column(col)
+    rows = []
     for name in sorted(set(models) | set(reasons)):
         d = models.get(name, {})
-        t.add_row(
+        rows.append((
             name,
             _num(d.get("observed_rps")),
             _num(d.get("demand_short_rps")),
@@ -123,50 +107,38 @@ def render(rec: dict[str, Any]) -> None:
             _num((rec.get("target_rps") or {}).get(name, d.get("target_rps"))),
             f"{_num(d.get('p99_ms'))} / {_num(d.get('slo_p99_ms'))}" if d else "—",
             ", ".join(reasons.get(name, [])),
-        )
-    console.print(t)
-    floor = Table(title="predictive floor and burst layer (required = max(floor, burst, hold, rise))")
-    for col in ("model", "forecast rps", "horizon s", "headroom", "floor rps", "burst rps", "hold rps",
-                "rise rps", "required rps"):
-        floor.add_column(col)
+        ))
+    print_rows(console, "per model", ("model", "observed rps", "short rps", "long rps", "panic", "correction",
+                                      "replicas", "capacity rps", "required rps", "target rps", "p99 / SLO ms",
+                                      "reasons"), rows)
+    rows = []
     why: list[str] = []
     for name in sorted(models):
         d = models[name]
         if d.get("forecast_rps") is None and d.get("burst_rps") is None:
             continue
         h = d.get("headroom")
-        floor.add_row(name, _num(d.get("forecast_rps")), _num(d.get("horizon_s"), "{:.0f}"),
-                      "—" if h is None else f"{100 * h:.0f}%", _num(d.get("floor_rps")), _num(d.get("burst_rps")),
-                      _num(d.get("hold_rps")), _num(d.get("rise_rps")), _num(d.get("required_rps")))
+        rows.append((name, _num(d.get("forecast_rps")), _num(d.get("horizon_s"), "{:.0f}"),
+                     "—" if h is None else f"{100 * h:.0f}%", _num(d.get("floor_rps")), _num(d.get("burst_rps")),
+                     _num(d.get("hold_rps")), _num(d.get("rise_rps")), _num(d.get("required_rps"))))
         why.append(headroom_sentence(name, d))
         cyc = cycle_sentence(name, d)
         if cyc:
             why.append(cyc)
-    if floor.row_count:
-        console.print(floor)
+    if rows:
+        print_rows(console, "predictive floor and burst layer (required = max(floor, burst, hold, rise))",
+                   ("model", "forecast rps", "horizon s", "headroom", "floor rps", "burst rps", "hold rps",
+                    "rise rps", "required rps"), rows)
         for line in why:
             console.print(line)
-    stages = Table(title="HPA stages")
-    for col in ("model", "stage", "value", "reason"):
-        stages.add_column(col)
-    for name in sorted(models):
-        for st in models[name].get("stages", []):
-            stages.add_row(name, st.get("name", ""), _num(st.get("value")), st.get("reason", ""))
-    if stages.row_count:
-        console.print(stages)
+    rows = [(name, st.get("name", ""), _num(st.get("value")), st.get("reason", ""))
+            for name in sorted(models) for st in models[name].get("stages", [])]
+    if rows:
+        print_rows(console, "HPA stages", ("model", "stage", "value", "reason"), rows)
     actions = rec.get("actions") or []
     if actions:
-        at = Table(title="actions")
-        for col in ("kind", "model", "replica", "gpu", "profile", "start", "reason"):
-            at.add_column(col)
-        for a in actions:
-            at.add_row(
-                *(
-                    str(a.get(k, ""))
-                    for k in ("kind", "model", "replica", "gpu", "profile", "start", "reason")
-                )
-            )
-        console.print(at)
+        cols = ("kind", "model", "replica", "gpu", "profile", "start", "reason")
+        print_rows(console, "actions", cols, [tuple(str(a.get(k, "")) for k in cols) for a in actions])
     else:
         console.print("actions: none")
     for e in rec.get("errors") or []:

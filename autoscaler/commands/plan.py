@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from autoscaler.commands._common import fail, load_or_exit
+from autoscaler.commands._common import fail, load_or_exit, print_rows
 
 
 def plan_to_json(p: Any) -> dict[str, Any]:
@@ -54,36 +54,22 @@ def plan_to_json(p: Any) -> dict[str, Any]:
 
 def _render(p: Any) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
-    t = Table(title="assignments")
-    for col in ("model", "profile", "gpu", "start", "replica"):
-        t.add_column(col)
-    for a in p.assignments:
-        t.add_row(a.model, a.profile, a.gpu, str(a.start), a.replica or "(new)")
-    console.print(t)
-    t = Table(title="layouts")
-    t.add_column("gpu")
-    t.add_column("layout")
-    for g, layout in p.layouts.items():
-        t.add_row(g, ", ".join(str(pl) for pl in layout) or "(empty / whole GPU)")
-    console.print(t)
-    t = Table(title="actions (in order)")
-    for col in ("#", "kind", "reason", "gpu", "model", "profile", "start", "replica"):
-        t.add_column(col)
+    print_rows(console, "assignments", ("model", "profile", "gpu", "start", "replica"),
+               [(a.model, a.profile, a.gpu, str(a.start), a.replica or "(new)") for a in p.assignments])
+    print_rows(console, "layouts", ("gpu", "layout"),
+               [(g, ", ".join(str(pl) for pl in layout) or "(empty / whole GPU)") for g, layout in p.layouts.items()])
+    rows = []
     for i, a in enumerate(p.actions, 1):
         extra = a.profile or ("layout " + ",".join(str(pl) for pl in a.layout) if a.layout is not None else "")
-        t.add_row(str(i), a.kind.value, a.reason.value, a.gpu or "", a.model or "", extra or "",
-                  "" if a.start is None else str(a.start), a.replica or "")
-    console.print(t)
-    t = Table(title="per model")
-    for col in ("model", "target req/s", "planned req/s", "shortfall req/s", "reasons"):
-        t.add_column(col)
-    for m in p.reasons:
-        t.add_row(m, f"{p.target_rps.get(m, 0.0):.1f}", f"{p.capacity_rps.get(m, 0.0):.1f}",
-                  f"{p.shortfall.get(m, 0.0):.1f}", ", ".join(r.value for r in p.reasons[m]))
-    console.print(t)
+        rows.append((str(i), a.kind.value, a.reason.value, a.gpu or "", a.model or "", extra or "",
+                     "" if a.start is None else str(a.start), a.replica or ""))
+    print_rows(console, "actions (in order)",
+               ("#", "kind", "reason", "gpu", "model", "profile", "start", "replica"), rows)
+    print_rows(console, "per model", ("model", "target req/s", "planned req/s", "shortfall req/s", "reasons"),
+               [(m, f"{p.target_rps.get(m, 0.0):.1f}", f"{p.capacity_rps.get(m, 0.0):.1f}",
+                 f"{p.shortfall.get(m, 0.0):.1f}", ", ".join(r.value for r in p.reasons[m])) for m in p.reasons])
     c = p.cost
     console.print(
         f"cost: {c.gpus_used} GPUs, {c.slices_used} slices, {c.instances_created} MIG instances created, "

@@ -113,3 +113,19 @@ def test_explain_says_when_demand_repeats_and_what_the_floor_expects():
     due = cycle_sentence("resnet", {"cycle_s": 900.0, "recurring_rps": 412.0})
     assert "every 15 min" in due and "412" in due
     assert "no rise is due" in cycle_sentence("resnet", {"cycle_s": 1800.0, "recurring_rps": None})
+
+
+def test_explain_on_an_80_column_terminal_cuts_nothing(tmp_path):
+    # rich truncates a table narrower than its words with "…"; a narrow terminal or a pipe
+    # must still show every reason and input whole, one record per model
+    write_log(tmp_path / "decisions.jsonl")
+    res = CliRunner().invoke(app, ["explain", "--run-dir", str(tmp_path)], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    assert "…" not in res.output
+    assert max(len(line) for line in res.output.splitlines()) <= 80
+    text = " ".join(res.output.split())  # records wrap at spaces
+    for reason in ("panic_scale_up", "scale_up_demand", "rate_limited", "min_replicas"):
+        assert reason in text
+    assert "observed rps: 400.0" in text and "replicas: 1 → 5" in text and "p99 / SLO ms: 80.0 / 50.0" in text
+    wide = CliRunner().invoke(app, ["explain", "--run-dir", str(tmp_path)], env={"COLUMNS": "250"})
+    assert "┃ observed rps ┃" in wide.output  # a table where it fits

@@ -776,6 +776,23 @@ def test_plan_cli_json(tmp_path):
     assert res.exit_code == 2 and "mapping" in res.output
 
 
+def test_plan_cli_on_an_80_column_terminal_shows_every_action_whole():
+    from typer.testing import CliRunner
+
+    from autoscaler.cli import app
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[2] / "examples"
+    args = ["plan", str(root / "models.yaml"), str(root / "cluster.yaml"), "--demand", str(root / "demand.yaml")]
+    actions = json.loads(CliRunner().invoke(app, [*args, "--json"]).output)["actions"]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    assert "…" not in res.output and max(len(line) for line in res.output.splitlines()) <= 80
+    text = " ".join(res.output.split())
+    assert {"repartition", "create", "wait_ready"} <= {a["kind"] for a in actions}
+    for i, a in enumerate(actions, 1):
+        assert f"{i} kind: {a['kind']} · reason: {a['reason']}" in text
+
+
 def test_mig_replicas_never_land_on_a_gpu_held_by_a_group():
     # One MIG GPU plus a 2-GPU RDMA pool that the llm group takes whole: the
     # HA model's second replica has nowhere distinct to go but the group's GPUs.
