@@ -41,7 +41,7 @@ def simulate(
     from autoscaler.sim.cluster import SimConfig
     from autoscaler.sim.run import ANALYSIS_POLICIES, BACKENDS, POLICIES, SimError, backend_world
     from autoscaler.sim.run import simulate as run
-    from autoscaler.sim.traces import TraceError, read_csv
+    from autoscaler.sim.traces import Trace, TraceError, read_csv
 
     names = list(POLICIES) if policy == "all" else [policy]
     if any(n not in POLICIES + ANALYSIS_POLICIES for n in names):
@@ -54,6 +54,17 @@ def simulate(
         tr = read_csv(trace)
     except TraceError as exc:
         fail(exc.problems)
+    # one models.yaml serves the cluster and the simulator: a trace recorded on it may hold
+    # multinode models, whose groups the simulator does not model; leave them out, and say so
+    unmodelled = [m.name for m in models_cfg.models if m.backend != "mig" and m.name in tr.models]
+    if unmodelled:
+        keep = [i for i, m in enumerate(tr.models) if m not in unmodelled]
+        if not keep:
+            fail([(f"{trace}: every model in it ({', '.join(unmodelled)}) runs on the multinode backend, "
+                   "which the simulator does not model (MIG replicas only)")])
+        tr = Trace(tr.t_s, tuple(tr.models[i] for i in keep), tr.rps[keep], tr.duration_s)
+        typer.echo(f"note: not simulated: {', '.join(unmodelled)} (multinode backend; the simulator models "
+                   "MIG replicas only); their rows of the trace are left out", err=True)
     try:
         sim, world = backend_world(backend, SimConfig(step_s=step_s, start_delay_s=start_delay_s,
                                                       repartition_delay_s=repartition_delay_s,
@@ -68,10 +79,11 @@ def simulate(
     if plot:
         report.plot(results, plot, title=f"{trace}")
     if as_json:
+        skipped = {"not_simulated": unmodelled} if unmodelled else {}
         if len(results) == 1:
-            typer.echo(json.dumps(results[0].to_json()))
+            typer.echo(json.dumps({**results[0].to_json(), **skipped}))
         else:
-            typer.echo(json.dumps({"policies": {r.policy: r.to_json() for r in results}}))
+            typer.echo(json.dumps({"policies": {r.policy: r.to_json() for r in results}, **skipped}))
         return
     typer.echo(report.table(results))
     for r in results:

@@ -26,6 +26,7 @@ def _models(text: str) -> list[str]:
 
 
 def _mean(text: str, models: list[str]) -> float | dict[str, float]:
+    """``--mean-rps``: one rate for all, or NAME=RPS pairs (``*=RPS`` for the rest, else 100)."""
     try:
         if "=" not in text:
             return float(text)
@@ -33,11 +34,13 @@ def _mean(text: str, models: list[str]) -> float | dict[str, float]:
         for part in text.split(","):
             k, _, v = part.partition("=")
             out[k.strip()] = float(v)
-        for m in models:
-            out.setdefault(m, out.get("*", 100.0))
-        return out
     except ValueError:
         fail([f"--mean-rps: expected a number or NAME=RPS,..., got {text!r}"])
+    # a misspelt name would otherwise leave its model at the default without a word
+    stray = [k for k in out if k != "*" and k not in models]
+    if stray:
+        fail([f"--mean-rps: {', '.join(stray)} not among --models ({', '.join(models)}), got {text!r}"])
+    return {m: out.get(m, out.get("*", 100.0)) for m in models}
 
 
 def generate(
@@ -49,7 +52,7 @@ def generate(
     step: Annotated[str, typer.Option("--step", help="sample period, e.g. 60s (per-minute counts)")] = "60s",
     out: Annotated[str, typer.Option("--out", help="CSV path; '-' prints to stdout")] = "-",
 ) -> None:
-    """Write a seeded synthetic trace: diurnal, bursty, flash, azure or mixed."""
+    """Write a seeded synthetic trace of one of the KIND shapes (the benchmark's families among them)."""
     names = _models(models)
     try:
         trace = tr.generate(kind, names, tr.parse_duration(duration), seed, _mean(mean_rps, names),

@@ -212,11 +212,20 @@ def simulate_specs(
         raise SimError(f"policy: must be one of {', '.join(POLICIES + ANALYSIS_POLICIES)}, got {policy_name!r}")
     if not (math.isfinite(step_s) and step_s > 0):
         raise SimError(f"step_s: must be > 0, got {step_s!r}")
+    other = {s.name: s.backend for s in specs if s.backend != "mig"}
     specs = [s for s in specs if s.backend == "mig"]
     names = [s.name for s in specs]
-    missing = [m for m in trace.models if m not in names]
-    if missing:
-        raise SimError(f"trace: models {missing} are not in the models config ({names})")
+    unknown = [m for m in trace.models if m not in names and m not in other]
+    unmodelled = [m for m in trace.models if m in other]
+    problems = []
+    if unknown:
+        problems.append(f"trace: models {unknown} are not in the models config ({names})")
+    if unmodelled:
+        kinds = "/".join(sorted({other[m] for m in unmodelled}))
+        problems.append(f"trace: models {unmodelled} run on the {kinds} backend, "
+                        "which the simulator does not model (MIG replicas only)")
+    if problems:
+        raise SimError("; ".join(problems))
     gpus = [g for g in initial.gpus if g.mig_enabled and not g.rdma]
     if not gpus:
         raise SimError("cluster.gpus: the simulator needs at least one MIG GPU, got none")

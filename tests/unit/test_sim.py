@@ -5,6 +5,7 @@ end-to-end migscale run."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -926,3 +927,41 @@ def test_rounds_a_gap_apart_show_the_rates_between_the_last_two_as_old_as_the_la
         c.advance(np.array([150.0]))
     (next_round,) = slow._fast(60.0)
     assert next_round.t_s == 60.0 and next_round.arrival_rps == pytest.approx(150.0, rel=1e-3)  # 40-60 s
+
+
+def test_cli_simulate_leaves_out_multinode_models_and_says_so(tmp_path):
+    # the examples' models.yaml holds an llm group on the RDMA pool; a trace generated from
+    # it names llm too. The simulator models MIG replicas only: the llm rows are left out, named.
+    import json
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    means = {"resnet": 100.0, "bert": 50.0, "rnn": 60.0, "llm": 2.0}
+    tr.write_csv(tr.generate("diurnal", list(means), 1200, seed=1, mean_rps=means), tmp_path / "t.csv")
+    args = [str(root / "models.yaml"), str(root / "cluster.yaml"), str(tmp_path / "t.csv"), "--warmup-s", "300"]
+    res = CliRunner().invoke(app, ["simulate", *args, "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["not_simulated"] == ["llm"]
+    assert set(out["per_model"]) == {"resnet", "bert", "rnn"}
+    assert "not simulated: llm (multinode backend" in res.stderr
+    both = json.loads(CliRunner().invoke(app, ["simulate", *args, "--json", "--policy", "all"]).stdout)
+    assert both["not_simulated"] == ["llm"] and set(both["policies"]) == set(POLICIES)
+    only = {"llm": 2.0}
+    tr.write_csv(tr.generate("diurnal", list(only), 1200, seed=1, mean_rps=only), tmp_path / "llm.csv")
+    res = CliRunner().invoke(app, ["simulate", *args[:2], str(tmp_path / "llm.csv")])
+    assert res.exit_code == 2 and "every model in it (llm) runs on the multinode backend" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_simulate_names_a_multinode_model_in_the_trace_as_such():
+    from autoscaler.config import initial_cluster_state, load_cluster, load_models, model_specs
+    from autoscaler.sim.run import SimError, simulate_specs
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    mc, cc = load_models(root / "models.yaml"), load_cluster(root / "cluster.yaml")
+    trace = tr.generate("diurnal", ["resnet", "llm", "nosuch"], 1200, seed=1, mean_rps=5.0)
+    with pytest.raises(SimError) as err:
+        simulate_specs(model_specs(mc, cc), {}, initial_cluster_state(cc), None, trace, "migscale")
+    msg = str(err.value)
+    assert "models ['nosuch'] are not in the models config" in msg
+    assert "models ['llm'] run on the multinode backend, which the simulator does not model" in msg

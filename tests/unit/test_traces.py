@@ -143,3 +143,12 @@ def test_cli_bad_input_exits_2_without_traceback(tmp_path):
     bad.write_text("t_s,model,rps\n0,a,-1\n")
     res = runner.invoke(app, ["trace", "show", str(bad)])
     assert res.exit_code == 2 and "line 2: rps" in res.output
+    # a misspelt model in --mean-rps is named, not left at the default rate
+    res = runner.invoke(app, ["trace", "generate", "diurnal", "--models", "a,b", "--mean-rps", "a=5,c=7"])
+    assert res.exit_code == 2 and "--mean-rps: c not among --models (a, b)" in res.output
+    out = tmp_path / "t.csv"
+    res = runner.invoke(app, ["trace", "generate", "steps", "--models", "a,b", "--mean-rps", "a=5,*=40",
+                              "--duration", "24h", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    mean = tr.read_csv(out).mean_rps()
+    assert mean["a"] < 20 < mean["b"]  # each at its own rate, the rest at *'s
