@@ -15,6 +15,7 @@ explained by it, not only by the planner's reasons.
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -85,7 +86,11 @@ def render(rec: dict[str, Any]) -> None:
     from rich.console import Console
 
     console = Console()
-    head = f"decision at t={rec.get('t_s')}"
+    t_s = rec.get("t_s")
+    head = f"decision at t={t_s}"
+    if isinstance(t_s, (int, float)) and t_s > 1e9:
+        # the local and Kubernetes controllers tick on the wall clock (the simulator's clock starts at 0)
+        head += f" ({datetime.fromtimestamp(t_s, timezone.utc):%Y-%m-%d %H:%M:%S} UTC)"
     if not rec.get("source_ok", True):
         head += "  [metrics source unreachable: every model held]"
     console.print(head)

@@ -129,3 +129,14 @@ def test_explain_on_an_80_column_terminal_cuts_nothing(tmp_path):
     assert "observed rps: 400.0" in text and "replicas: 1 → 5" in text and "p99 / SLO ms: 80.0 / 50.0" in text
     wide = CliRunner().invoke(app, ["explain", "--run-dir", str(tmp_path)], env={"COLUMNS": "250"})
     assert "┃ observed rps ┃" in wide.output  # a table where it fits
+
+
+def test_explain_gives_a_wall_clock_decision_its_utc_time(tmp_path):
+    log = tmp_path / "decisions.jsonl"
+    log.write_text(json.dumps({"t_s": 1796658538.9, "models": {}, "reasons": {}}) + "\n")
+    res = CliRunner().invoke(app, ["explain", "--log", str(log)])
+    assert res.exit_code == 0, res.output
+    assert "decision at t=1796658538.9 (2026-12-07 15:48:58 UTC)" in res.output
+    log.write_text(json.dumps({"t_s": 90.0, "models": {}, "reasons": {}}) + "\n")  # a virtual clock's
+    res = CliRunner().invoke(app, ["explain", "--log", str(log)])
+    assert "decision at t=90.0\n" in res.output
