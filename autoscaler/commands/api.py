@@ -31,11 +31,17 @@ EXAMPLE = """
 Example (in the Deployment of k8s/, certificates from a Secret):
 
   migscale api /etc/migscale/models.yaml /etc/migscale/cluster.yaml \\
-      --host 0.0.0.0 --port 6443 --tls-cert /tls/tls.crt --tls-key /tls/tls.key \\
-      --client-ca /requestheader/ca.crt --requestheader-allowed-names front-proxy-client \\
-      --prometheus http://prometheus-k8s.monitoring:9090 --inventory kubernetes
+      --host 0.0.0.0 --port 6443 \\
+      --tls-cert /tls/tls.crt --tls-key /tls/tls.key \\
+      --client-ca /requestheader/ca.crt \\
+      --requestheader-allowed-names front-proxy-client \\
+      --prometheus http://prometheus-k8s.monitoring:9090 \\
+      --inventory kubernetes
 
-Local look without TLS:  migscale api examples/models.yaml examples/cluster.yaml --insecure-http --port 8080
+Local look without TLS:
+
+  migscale api examples/models.yaml examples/cluster.yaml \\
+      --insecure-http --port 8080
 """
 
 

@@ -32,20 +32,22 @@ from autoscaler.commands._common import fail, load_or_exit
 # never of the controller pod, so those two checks do not apply here.
 
 EXAMPLE = """
-Example (the container args in k8s/base/deployment.yaml):
+Example (the container args in k8s/base/deployment.yaml: models from MigModels
+in every namespace; for a models.yaml, its path instead of - and no --migmodels):
 
-  migscale controller /etc/migscale/models.yaml /etc/migscale/cluster.yaml \\
+  migscale controller - /etc/migscale/cluster.yaml --migmodels all \\
       --backend kubernetes --leader-elect \\
       --prometheus http://prometheus-k8s.monitoring.svc:9090 \\
       --host 0.0.0.0 --port 6443 \\
-      --tls-cert /var/run/serving-cert/tls.crt --tls-key /var/run/serving-cert/tls.key \\
+      --tls-cert /var/run/serving-cert/tls.crt \\
+      --tls-key /var/run/serving-cert/tls.key \\
       --client-ca-from-cluster
 
 What would it do now? One tick against the cluster in your kubeconfig that
 writes nothing (prints the decision as JSON, serves nothing):
 
-  migscale controller examples/models.yaml examples/cluster.yaml --once --dry-run \\
-      --prometheus http://127.0.0.1:9090
+  migscale controller examples/models.yaml examples/cluster.yaml \\
+      --once --dry-run --prometheus http://127.0.0.1:9090
 """
 
 

@@ -24,7 +24,10 @@ def register(app: typer.Typer) -> None:
 
         Exit code 0 only if every model met its SLO outside the reaction windows.
 
-        Example: migscale demo examples/models.yaml examples/cluster.yaml --results demo-results
+        Example:
+
+          migscale demo examples/models.yaml examples/cluster.yaml \\
+              --results demo-results
         """
         from autoscaler.act.local.preflight import preflight
         from autoscaler.runtime.demo import run_demo

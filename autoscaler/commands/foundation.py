@@ -213,6 +213,6 @@ def register(app: typer.Typer) -> None:
     app.command("schema", epilog="Example: migscale schema --which models > models.schema.json")(schema)
     app.command(
         "layouts",
-        epilog="Examples: migscale layouts A100-SXM4-80GB --json;  "
-        'migscale layouts A100-SXM4-80GB --check "3g.40gb@0,3g.40gb@4"',
+        epilog="Examples:\n\n  migscale layouts A100-SXM4-80GB --json\n"
+        '  migscale layouts A100-SXM4-80GB --check "3g.40gb@0,3g.40gb@4"',
     )(layouts)

@@ -60,7 +60,10 @@ def render(
     No HorizontalPodAutoscaler: migscale owns the replicas of these workloads
     (through the scale subresource); an HPA on them would be a second writer.
 
-    Example: migscale render examples/models.yaml examples/cluster.yaml --demand examples/demand.yaml > objects.yaml
+    Example:
+
+      migscale render examples/models.yaml examples/cluster.yaml \\
+          --demand examples/demand.yaml > objects.yaml
     """
     if migmodels:
         if demand is not None:

@@ -102,7 +102,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the local stack (nginx front door, Prometheus, Triton replicas, control loop, metrics API) until Ctrl-C.
 
-        Example: migscale up examples/models.yaml examples/cluster.yaml --run-dir .migscale
+        Example:
+
+          migscale up examples/models.yaml examples/cluster.yaml --run-dir .migscale
         """
         models_cfg, cluster_cfg = load_or_exit(models, cluster)
         rd = (run_dir or Path(cluster_cfg.local.run_dir)).resolve()

@@ -89,7 +89,9 @@ def import_models(
 ) -> None:
     """Turn MigModel objects back into models.yaml.
 
-    Example: kubectl get migmodels -n team-a -o yaml | migscale import - -o models.yaml
+    Example:
+
+      kubectl get migmodels -n team-a -o yaml | migscale import - -o models.yaml
     """
     try:
         docs = parse_documents(read_text(source), source)

@@ -88,7 +88,10 @@ def plan_cmd(
 ) -> None:
     """Plan MIG slices for a demand and print assignments, layouts, actions, shortfall and cost.
 
-    Example: migscale plan examples/models.yaml examples/cluster.yaml --demand examples/demand.yaml --json
+    Example:
+
+      migscale plan examples/models.yaml examples/cluster.yaml \\
+          --demand examples/demand.yaml --json
     """
     from autoscaler.config import ConfigError, initial_cluster_state, load_demand, model_specs
     from autoscaler.policy.planner import plan

@@ -181,8 +181,9 @@ def profile(
 
     Example:
 
-        migscale profile examples/models.yaml examples/cluster.yaml --models resnet \\
-            --profiles 1g.10gb,3g.40gb --out capacity.yaml --plot capacity.png
+        migscale profile examples/models.yaml examples/cluster.yaml \\
+            --models resnet --profiles 1g.10gb,3g.40gb \\
+            --out capacity.yaml --plot capacity.png
 
     For online traffic add `--arrivals poisson`: the capacity is then the highest
     Poisson rate meeting the SLO, which is lower than N requests in flight give.

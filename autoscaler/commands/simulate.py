@@ -94,6 +94,6 @@ def simulate(
 def register(app: typer.Typer) -> None:
     app.command(
         "simulate",
-        epilog="Example: migscale simulate examples/models.yaml examples/cluster.yaml trace.csv "
-        "--policy migscale --json --plot sim.png",
+        epilog="Example:\n\n  migscale simulate examples/models.yaml examples/cluster.yaml trace.csv \\\n"
+        "      --policy migscale --json --plot sim.png",
     )(simulate)

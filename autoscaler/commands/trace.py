@@ -88,7 +88,8 @@ def show(path: Annotated[str, typer.Argument(help="trace CSV")],
 def register(app: typer.Typer) -> None:
     trace_app.command(
         "generate",
-        epilog="Example: migscale trace generate mixed --models resnet,bert --duration 24h --seed 1 --out trace.csv",
+        epilog="Example:\n\n  migscale trace generate mixed --models resnet,bert --duration 24h \\\n"
+        "      --seed 1 --out trace.csv",
     )(generate)
     trace_app.command("show", epilog="Example: migscale trace show trace.csv --json")(show)
     app.add_typer(trace_app, name="trace")

@@ -500,6 +500,12 @@ def test_deployment_manifest_args_parse_with_the_real_cli():
     assert p["port"] == port and p["host"] == "0.0.0.0"
     env = {e["name"] for e in ours[0]["env"]}
     assert {"POD_NAME", "POD_NAMESPACE"} <= env  # Lease identity and namespace
+    # the command's help shows these same args as its example
+    from autoscaler.commands.controller import EXAMPLE
+
+    first = EXAMPLE.split("migscale controller ", 1)[1].split("\n\n", 1)[0]
+    shown = cmd.make_context("controller", first.replace("\\\n", " ").split()).params
+    assert {k: v for k, v in shown.items() if v != p[k]} == {}
 
 
 def test_metrics_api_over_tls_with_the_aggregator_client_certificate(make_controller, tmp_path):

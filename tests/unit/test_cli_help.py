@@ -1,0 +1,59 @@
+"""Every command's help on an 80-column terminal: each example command can be copied as shown.
+
+Typer reflows help text to the terminal's width. An example line wider than that is cut in
+the middle of a command, so the two halves pasted into a shell run something else; each
+example line (from ``migscale`` or ``kubectl`` to the line's end, or a ``--flag ...``
+continuation) must come out on one line of the help.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from autoscaler.cli import app
+
+
+def _commands() -> list[tuple[list[str], object]]:
+    out: list[tuple[list[str], object]] = []
+
+    def walk(cmd, path):
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            for name, sub in sorted(subs.items()):
+                walk(sub, [*path, name])
+        else:
+            out.append((path, cmd))
+
+    walk(typer.main.get_command(app), [])
+    return out
+
+
+EXAMPLE = re.compile(r"^(?:[A-Z][^:]*:\s+)?((?:migscale|kubectl) .+|--.+)$")  # "Example: migscale ..."
+
+
+def _example_lines(text: str) -> list[str]:
+    return [m.group(1) for raw in text.splitlines() if (m := EXAMPLE.match(raw.strip()))]
+
+
+COMMANDS = _commands()
+
+
+def test_every_command_is_checked():
+    names = {" ".join(p) for p, _ in COMMANDS}
+    assert {"api", "controller", "plan", "profile", "simulate", "trace generate", "loadtest"} <= names
+    assert sum(1 for _, c in COMMANDS if _example_lines((c.help or "") + "\n" + (c.epilog or ""))) >= 15
+
+
+@pytest.mark.parametrize("path, cmd", COMMANDS, ids=[" ".join(p) for p, _ in COMMANDS])
+def test_examples_fit_an_80_column_terminal(path, cmd):
+    examples = _example_lines((cmd.help or "") + "\n" + (cmd.epilog or ""))
+    res = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    shown = [" ".join(line.split()) for line in res.output.splitlines()]
+    for ex in examples:
+        ex = " ".join(ex.split())
+        assert any(ex in line for line in shown), f"{' '.join(path)}: example cut at 80 columns: {ex!r}"
