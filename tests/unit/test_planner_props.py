@@ -146,6 +146,14 @@ def test_layouts_valid_and_profiles_usable(inst):
            ModelSpec("m2", {"3g.40gb": 15.0}, ("1g.10gb", "2g.20gb", "3g.40gb"), min_replicas=0, max_replicas=6)],
           {"m1": 5.960464477539063e-08, "m2": 76.0},
           ClusterState(gpus=tuple(GpuState(f"node/{i}", "node", "A100-SXM4-80GB") for i in range(3)))))
+# Only a joint change fits all three (3g+4g+4g for m0 with two of m1's 2g as 1g beside the 4g):
+# changing one model's mix at a time stopped at m0 on four 3g, 12 req/s short.
+@example(([ModelSpec("m0", {"3g.40gb": 33.0, "4g.40gb": 44.0}, ("1g.10gb", "3g.40gb", "4g.40gb"),
+                     min_replicas=0, max_replicas=4),
+           ModelSpec("m1", {"1g.10gb": 10.0, "2g.20gb": 20.0}, ("1g.10gb", "2g.20gb"), min_replicas=0, max_replicas=4),
+           ModelSpec("m2", {"2g.20gb": 20.0}, ("1g.10gb", "2g.20gb"), min_replicas=0, max_replicas=2)],
+          {"m0": 111.0, "m1": 51.0, "m2": 33.0},
+          ClusterState(gpus=tuple(GpuState(f"node/{i}", "node", "A100-SXM4-80GB") for i in range(3)))))
 def test_capacity_met_whenever_the_milp_is_feasible(inst):
     models, demand, cluster = inst
     ref = solve(models, demand, [g.product for g in cluster.gpus], time_limit_s=20)

@@ -36,7 +36,9 @@ How (a fast heuristic; ``milp.py`` holds the exact reference):
 4. on small clusters (<= 16 GPUs), when the result is above the slice lower
    bound, a coordinate descent over the new models' alternative mixes
    (each within 6 slices of its optimum) keeps the best plan: a lost GPU
-   there is 25-50% (the benchmark's optimality gap vs the MILP).
+   there is 25-50% (the benchmark's optimality gap vs the MILP). While a
+   shortfall remains, two models' mixes are changed at once (at most 128
+   plans): some fleets fit only a joint change.
 5. actions (``planner.actions``): churn budget (within a priority, the
    creates that need no repartition first), dependency order, layouts.
 6. warm spares (``planner.spare``): on a calm tick, empty instances of the
@@ -213,6 +215,7 @@ def plan(
 # relative loss (1 of 4 = 25%) and a plan costs about a millisecond.
 SEARCH_MAX_GPUS = 16
 SEARCH_ROUNDS = 2
+PAIR_ATTEMPTS = 128
 
 
 def _lower_bound(work: dict[str, ModelWork], gpus: list[GpuWork]) -> int:
@@ -261,6 +264,44 @@ def _search_mixes(best: Plan, work: dict[str, ModelWork], attempt, gpus: list[Gp
                         return best
         if not improved:
             break
+    if best_key[0] > 0:
+        best = _search_pairs(best, work, current, alts, attempt)
+    return best
+
+
+def _search_pairs(best: Plan, work: dict[str, ModelWork], current: dict[str, dict[str, int]],
+                  alts: dict[str, list[dict[str, int]]], attempt) -> Plan:
+    """Two models' mixes changed at once, while the descent leaves a shortfall.
+
+    The descent changes one model at a time, so it stops where no single change
+    helps although a joint one does: a model short on its own mixes may fit only
+    once another takes a mix that leaves it the right instances (one 2g traded
+    for two 1g on GPUs where a 1g is all that is left). The short models' pairs
+    go first; at most ``PAIR_ATTEMPTS`` plans, so a fleet that is simply too
+    small costs a bounded search per tick.
+    """
+    best_key = _plan_key(best)
+    short = set(best.shortfall)
+    names = sorted(alts, key=lambda n: (n not in short, -mix_slices(current[n], work[n].options), n))
+    tries = 0
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if a not in short and b not in short:
+                continue  # the bounded budget goes to pairs that give a short model another mix
+            for ca in alts[a]:
+                for cb in alts[b]:
+                    if ca == current[a] or cb == current[b]:
+                        continue  # a single change: the descent has tried it
+                    if tries >= PAIR_ATTEMPTS:
+                        return best
+                    tries += 1
+                    trial = {**current, a: ca, b: cb}
+                    p = attempt(trial)
+                    k = _plan_key(p)
+                    if k < best_key:
+                        best, best_key, current = p, k, trial
+                        if k[0] == 0:
+                            return best
     return best
 
 
