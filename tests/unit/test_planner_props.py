@@ -154,6 +154,14 @@ def test_layouts_valid_and_profiles_usable(inst):
            ModelSpec("m2", {"2g.20gb": 20.0}, ("1g.10gb", "2g.20gb"), min_replicas=0, max_replicas=2)],
           {"m0": 111.0, "m1": 51.0, "m2": 33.0},
           ClusterState(gpus=tuple(GpuState(f"node/{i}", "node", "A100-SXM4-80GB") for i in range(3)))))
+# Here the short model (m2, four 1g) has no other mix: the two others must change together
+# (m0 to three 4g, m1 to five 1g) to leave it the 1g beside each 4g.
+@example(([ModelSpec("m0", {"3g.40gb": 36.0, "4g.40gb": 48.0}, ("3g.40gb", "4g.40gb"), min_replicas=0, max_replicas=4),
+           ModelSpec("m1", {"1g.10gb": 10.0, "4g.40gb": 40.0}, ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb"),
+                     min_replicas=0, max_replicas=5),
+           ModelSpec("m2", {"1g.10gb": 98.7}, ("1g.10gb",), min_replicas=0, max_replicas=4)],
+          {"m0": 133.0, "m1": 41.0, "m2": 297.0},
+          ClusterState(gpus=tuple(GpuState(f"node/{i}", "node", "A100-SXM4-80GB") for i in range(3)))))
 def test_capacity_met_whenever_the_milp_is_feasible(inst):
     models, demand, cluster = inst
     ref = solve(models, demand, [g.product for g in cluster.gpus], time_limit_s=20)

@@ -276,32 +276,34 @@ def _search_pairs(best: Plan, work: dict[str, ModelWork], current: dict[str, dic
     The descent changes one model at a time, so it stops where no single change
     helps although a joint one does: a model short on its own mixes may fit only
     once another takes a mix that leaves it the right instances (one 2g traded
-    for two 1g on GPUs where a 1g is all that is left). The short models' pairs
-    go first; at most ``PAIR_ATTEMPTS`` plans, so a fleet that is simply too
-    small costs a bounded search per tick.
+    for two 1g on GPUs where a 1g is all that is left), or once two others do
+    (the short model has no other mix). The short models' pairs go first; at
+    most ``PAIR_ATTEMPTS`` plans, so a fleet that is simply too small costs a
+    bounded search per tick.
     """
     best_key = _plan_key(best)
     short = set(best.shortfall)
     names = sorted(alts, key=lambda n: (n not in short, -mix_slices(current[n], work[n].options), n))
+    # Pairs with a short model first; then the others, which may open room for a short
+    # model that has no other mix of its own.
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    pairs.sort(key=lambda ab: ab[0] not in short and ab[1] not in short)
     tries = 0
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            if a not in short and b not in short:
-                continue  # the bounded budget goes to pairs that give a short model another mix
-            for ca in alts[a]:
-                for cb in alts[b]:
-                    if ca == current[a] or cb == current[b]:
-                        continue  # a single change: the descent has tried it
-                    if tries >= PAIR_ATTEMPTS:
+    for a, b in pairs:
+        for ca in alts[a]:
+            for cb in alts[b]:
+                if ca == current[a] or cb == current[b]:
+                    continue  # a single change: the descent has tried it
+                if tries >= PAIR_ATTEMPTS:
+                    return best
+                tries += 1
+                trial = {**current, a: ca, b: cb}
+                p = attempt(trial)
+                k = _plan_key(p)
+                if k < best_key:
+                    best, best_key, current = p, k, trial
+                    if k[0] == 0:
                         return best
-                    tries += 1
-                    trial = {**current, a: ca, b: cb}
-                    p = attempt(trial)
-                    k = _plan_key(p)
-                    if k < best_key:
-                        best, best_key, current = p, k, trial
-                        if k[0] == 0:
-                            return best
     return best
 
 
