@@ -33,7 +33,7 @@ How (a fast heuristic; ``milp.py`` holds the exact reference):
    already in use, then empty GPUs are cut with whole-GPU patterns; high
    availability is repaired by swapping; a lightly used GPU whose replicas
    all fit elsewhere is emptied (consolidation).
-4. on small clusters (<= 16 GPUs), when the result is above the slice lower
+4. on small clusters (<= 16 GPUs; ``planner.search``), when the result is above the slice lower
    bound, a coordinate descent over the new models' alternative mixes
    (each within 6 slices of its optimum) keeps the best plan: a lost GPU
    there is 25-50% (the benchmark's optimality gap vs the MILP). While a
@@ -69,9 +69,9 @@ from autoscaler.policy.planner.packing import GpuWork
 from autoscaler.policy.planner.place import place_all, refill, unmet
 from autoscaler.policy.planner.repair import consolidate, fix_high_availability
 from autoscaler.policy.planner.rightsize import DOWNSIZE_MIN_SLICES, downsize, free_profiles
+from autoscaler.policy.planner.search import plan_key, search_mixes, worth_searching
 from autoscaler.policy.planner.sizing import (
     EPS,
-    alternatives,
     cover,
     mix_slices,
     usable_profiles,
@@ -95,10 +95,10 @@ apply_plan_to_cluster = acts.apply_plan_to_cluster
 
 # A model is moved wholesale to its fresh optimal mix only when that saves at
 # least a whole GPU's worth of compute (7 slices) or 25% of its slices. The
-# small-cluster search below only considers mixes within SEARCH_SLACK (< 7)
-# slices of the optimum, so a plan never undoes its own choice next tick.
+# small-cluster search (``planner.search``) only considers mixes within its
+# SEARCH_SLACK (< 7) slices of the optimum, so a plan never undoes its own
+# choice next tick.
 REBALANCE_MIN_SLICES = 7
-SEARCH_SLACK = 6
 # Consolidate -> refill rounds when a shortage meets an emptied GPU.
 CONSOLIDATE_ROUNDS = 4
 
@@ -186,7 +186,7 @@ def plan(
             # otherwise it is this very plan, and at thousands of GPUs an attempt
             # is a tenth of a second.
             alt = attempt(None, reuse=True)
-            if _plan_key(alt) < _plan_key(best):
+            if plan_key(alt) < plan_key(best):
                 best = alt
                 attempt = functools.partial(attempt, reuse=True)  # the search continues from it
         # A switch to the optimal mix that cannot be placed (no room beside the
@@ -195,121 +195,20 @@ def plan(
         if not failed - no_rebalance:
             break
         no_rebalance |= failed
-    if _worth_searching(best, work, gpus):
+    if worth_searching(best, work, gpus):
         if any(m.add and m.spec.high_availability for m in work.values()):
             # Variant: pack without holding HA replicas back, repair HA after.
             alt = attempt(None, plain=True)
-            if _plan_key(alt) < _plan_key(best):
+            if plan_key(alt) < plan_key(best):
                 best = alt
                 attempt = functools.partial(attempt, plain=True)
-        best = _search_mixes(best, work, attempt, gpus)
+        best = search_mixes(best, work, attempt, gpus)
     if invalid & set(specs):
         reasons = {n: rs + ((Reason.INVALID_METRIC,) if n in invalid else ()) for n, rs in best.reasons.items()}
         best = dataclasses.replace(best, reasons=reasons)
     if spares:
         best = keep_spares(best, cluster, spares, repartition_scope)
     return best
-
-
-# The mix search runs only on small clusters, where a missed GPU is a big
-# relative loss (1 of 4 = 25%) and a plan costs about a millisecond.
-SEARCH_MAX_GPUS = 16
-SEARCH_ROUNDS = 2
-PAIR_ATTEMPTS = 128
-
-
-def _lower_bound(work: dict[str, ModelWork], gpus: list[GpuWork]) -> int:
-    per_gpu = max((g.product.compute_slices for g in gpus), default=7)
-    by_id = {g.id: g for g in gpus}
-    total = 0
-    for m in work.values():
-        total += mix_slices(m.add, m.options)
-        total += sum(by_id[r.gpu].product.profiles[r.profile].compute for r in m.keep)
-    return math.ceil(total / per_gpu)
-
-
-def _worth_searching(best: Plan, work: dict[str, ModelWork], gpus: list[GpuWork]) -> bool:
-    if len(gpus) > SEARCH_MAX_GPUS or not any(m.add and not m.running for m in work.values()):
-        return False
-    if best.shortfall or any(Reason.SHORTFALL in rs for rs in best.reasons.values()):
-        return True
-    return best.cost.gpus_used > _lower_bound(work, gpus)
-
-
-def _search_mixes(best: Plan, work: dict[str, ModelWork], attempt, gpus: list[GpuWork]) -> Plan:
-    """Coordinate descent over each model's alternative mixes (new replicas only)."""
-    lb = _lower_bound(work, gpus)
-    current = {n: dict(m.add) for n, m in work.items() if m.add and not m.running}
-    alts: dict[str, list[dict[str, int]]] = {}
-    for n, m in work.items():
-        if not m.add or m.running:
-            continue  # only models starting from nothing: a running one is not reshuffled
-        have = sum(m.cap[r.profile] for r in m.keep)
-        alts[n] = alternatives((m.demand or 0.0) - have, m.options, max(0, m.floor - len(m.keep)),
-                               max(0, m.spec.max_replicas - len(m.keep)), slack=SEARCH_SLACK)
-    best_key = _plan_key(best)
-    for _ in range(SEARCH_ROUNDS):
-        improved = False
-        for n in sorted(alts, key=lambda n: (-mix_slices(current[n], work[n].options), n)):
-            for cand in alts[n]:
-                if cand == current[n]:
-                    continue
-                trial = dict(current)
-                trial[n] = cand
-                p = attempt(trial)
-                k = _plan_key(p)
-                if k < best_key:
-                    best, best_key, current, improved = p, k, trial, True
-                    if best_key[:2] == (0, 0) and best.cost.gpus_used <= lb:
-                        return best
-        if not improved:
-            break
-    if best_key[0] > 0:
-        best = _search_pairs(best, work, current, alts, attempt)
-    return best
-
-
-def _search_pairs(best: Plan, work: dict[str, ModelWork], current: dict[str, dict[str, int]],
-                  alts: dict[str, list[dict[str, int]]], attempt) -> Plan:
-    """Two models' mixes changed at once, while the descent leaves a shortfall.
-
-    The descent changes one model at a time, so it stops where no single change
-    helps although a joint one does: a model short on its own mixes may fit only
-    once another takes a mix that leaves it the right instances (one 2g traded
-    for two 1g on GPUs where a 1g is all that is left), or once two others do
-    (the short model has no other mix). The short models' pairs go first; at
-    most ``PAIR_ATTEMPTS`` plans, so a fleet that is simply too small costs a
-    bounded search per tick.
-    """
-    best_key = _plan_key(best)
-    short = set(best.shortfall)
-    names = sorted(alts, key=lambda n: (n not in short, -mix_slices(current[n], work[n].options), n))
-    # Pairs with a short model first; then the others, which may open room for a short
-    # model that has no other mix of its own.
-    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
-    pairs.sort(key=lambda ab: ab[0] not in short and ab[1] not in short)
-    tries = 0
-    for a, b in pairs:
-        for ca in alts[a]:
-            for cb in alts[b]:
-                if ca == current[a] or cb == current[b]:
-                    continue  # a single change: the descent has tried it
-                if tries >= PAIR_ATTEMPTS:
-                    return best
-                tries += 1
-                trial = {**current, a: ca, b: cb}
-                p = attempt(trial)
-                k = _plan_key(p)
-                if k < best_key:
-                    best, best_key, current = p, k, trial
-                    if k[0] == 0:
-                        return best
-    return best
-
-
-def _plan_key(p: Plan) -> tuple:
-    unmet = sum(1 for rs in p.reasons.values() if Reason.SHORTFALL in rs)
-    return (round(sum(p.shortfall.values()), 6), unmet, p.cost.gpus_used, p.cost.slices_used, len(p.actions))
 
 
 def _attempt(cluster: ClusterState, rows: list[tuple], models: Sequence[ModelSpec], demand_rps: Mapping[str, float],
