@@ -28,6 +28,7 @@ import typer
 from autoscaler.commands._common import fail, load_or_exit
 
 EXAMPLE = """
+
 Example (in the Deployment of k8s/, certificates from a Secret):
 
   migscale api /etc/migscale/models.yaml /etc/migscale/cluster.yaml \\

@@ -42,8 +42,9 @@ def register(app: typer.Typer) -> None:
             float, typer.Option("--wait-s", min=0.0, help="wait this long for the controller to take it (0: not)")
         ] = 30.0,
     ) -> None:
-        """Validate MODELS and hand it to the running `migscale up`: new models start, removed ones drain,
-        a changed SLO counts from the next tick.
+        """Validate MODELS and hand it to the running `migscale up`.
+
+        New models start, removed ones drain, and a changed SLO counts from the next tick.
 
         Example: migscale apply examples/models.yaml --run-dir .migscale
         """

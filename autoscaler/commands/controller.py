@@ -32,6 +32,7 @@ from autoscaler.commands._common import fail, load_or_exit
 # never of the controller pod, so those two checks do not apply here.
 
 EXAMPLE = """
+
 Example (the container args in k8s/base/deployment.yaml: models from MigModels
 in every namespace; for a models.yaml, its path instead of - and no --migmodels):
 

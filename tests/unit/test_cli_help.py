@@ -57,3 +57,29 @@ def test_examples_fit_an_80_column_terminal(path, cmd):
     for ex in examples:
         ex = " ".join(ex.split())
         assert any(ex in line for line in shown), f"{' '.join(path)}: example cut at 80 columns: {ex!r}"
+
+
+def _summary(cmd) -> str:
+    """What ``migscale --help`` lists for a command: its help's first paragraph (Typer's rule)."""
+    import inspect
+
+    return inspect.cleandoc(cmd.short_help or cmd.help or "").split("\n\n")[0]
+
+
+@pytest.mark.parametrize("path, cmd", COMMANDS, ids=[" ".join(p) for p, _ in COMMANDS])
+def test_the_command_list_gives_one_whole_sentence(path, cmd):
+    # The list keeps a summary's own line breaks, so a summary that runs into the next
+    # paragraph ("Example (...):") shows a heading cut from its example.
+    summary = _summary(cmd)
+    assert summary and "\n" not in summary, f"{' '.join(path)}: summary spans lines: {summary!r}"
+    assert summary.endswith("."), f"{' '.join(path)}: summary is not a whole sentence: {summary!r}"
+
+
+def test_the_top_level_list_shows_each_summary_whole():
+    res = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.replace("│", " ").split())
+    for path, cmd in COMMANDS:
+        if len(path) == 1:
+            assert " ".join(_summary(cmd).split()) in text, path
+    assert "Example" not in res.output
