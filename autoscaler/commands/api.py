@@ -169,8 +169,8 @@ def kube_snapshot(rest: Any, namespace: str) -> tuple[Callable[[], Any], Callabl
 def register(app: typer.Typer) -> None:
     @app.command("api", help="Serve the metrics API for the HPA (Kubernetes mode)." + EXAMPLE)
     def api(
-        models: Annotated[str, typer.Argument(help="models.yaml")],
-        cluster: Annotated[str, typer.Argument(help="cluster.yaml")],
+        models: Annotated[str, typer.Argument(metavar="MODELS", help="models.yaml")],
+        cluster: Annotated[str, typer.Argument(metavar="CLUSTER", help="cluster.yaml")],
         host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
         port: Annotated[int, typer.Option(help="port to bind (0: a free one)", min=0, max=65535)] = 6443,
         tls_cert: Annotated[str | None, typer.Option("--tls-cert", help="serving certificate (PEM)")] = None,

@@ -34,7 +34,7 @@ def _status(run_dir: Path) -> dict:
 def register(app: typer.Typer) -> None:
     @app.command("apply")
     def apply(
-        models: Annotated[Path, typer.Argument(help="the new models.yaml")],
+        models: Annotated[Path, typer.Argument(metavar="MODELS", help="the new models.yaml")],
         run_dir: Annotated[Path, typer.Option("--run-dir", help="state dir of the running controller")] = Path(
             ".migscale"
         ),

@@ -156,8 +156,8 @@ def register(app: typer.Typer) -> None:
         help="Run the control loop on Kubernetes (leader-elected) and serve the metrics API." + EXAMPLE,
     )
     def controller(
-        models: Annotated[str, typer.Argument(help="models.yaml, or - with --migmodels (models come from MigModels)")],
-        cluster: Annotated[str, typer.Argument(help="cluster.yaml")],
+        models: Annotated[str, typer.Argument(metavar="MODELS", help="models.yaml, or - with --migmodels (models come from MigModels)")],
+        cluster: Annotated[str, typer.Argument(metavar="CLUSTER", help="cluster.yaml")],
         backend: Annotated[
             str, typer.Option(help="where replicas live: kubernetes (the local backend is `migscale up`)")
         ] = "kubernetes",

@@ -13,8 +13,8 @@ from autoscaler.commands._common import fail, load_or_exit
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
-        models: Annotated[Path, typer.Argument(help="models.yaml")],
-        cluster: Annotated[Path, typer.Argument(help="cluster.yaml")],
+        models: Annotated[Path, typer.Argument(metavar="MODELS", help="models.yaml")],
+        cluster: Annotated[Path, typer.Argument(metavar="CLUSTER", help="cluster.yaml")],
         results: Annotated[Path, typer.Option("--results", help="report folder (replaced)")] = Path("demo-results"),
         live: Annotated[bool, typer.Option("--live/--no-live", help="redraw the live terminal view")] = True,
         reaction_s: Annotated[float, typer.Option("--reaction-s", min=0,

@@ -55,8 +55,8 @@ def _mix(layout: tuple[Placement, ...]) -> str:
 
 
 def validate(
-    models: Annotated[str, typer.Argument(help="models.yaml")],
-    cluster: Annotated[str, typer.Argument(help="cluster.yaml")],
+    models: Annotated[str, typer.Argument(metavar="MODELS", help="models.yaml")],
+    cluster: Annotated[str, typer.Argument(metavar="CLUSTER", help="cluster.yaml")],
     preflight: Annotated[bool, typer.Option(
         "--preflight/--no-preflight",
         help="also check what the local backend needs: tritonserver, config.pbtxt, torch for multinode models",
@@ -135,7 +135,7 @@ def schema(
 
 
 def layouts(
-    product: Annotated[str, typer.Argument(help=f"one of: {', '.join(PRODUCTS)}")],
+    product: Annotated[str, typer.Argument(metavar="PRODUCT", help=f"one of: {', '.join(PRODUCTS)}")],
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list of layouts")] = False,
     check: Annotated[
         str | None,

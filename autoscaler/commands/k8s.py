@@ -39,8 +39,8 @@ def planned_desired(
 
 
 def render(
-    models: Annotated[str, typer.Argument(help="models.yaml")],
-    cluster: Annotated[str, typer.Argument(help="cluster.yaml")],
+    models: Annotated[str, typer.Argument(metavar="MODELS", help="models.yaml")],
+    cluster: Annotated[str, typer.Argument(metavar="CLUSTER", help="cluster.yaml")],
     demand: Annotated[
         str | None, typer.Option("--demand", help="YAML {model: req/s}; replica counts come from the planner")
     ] = None,

@@ -21,7 +21,7 @@ from autoscaler.runtime.loadtest import build_command, frontdoor_from_run_dir, p
 
 
 def loadtest(
-    models_yaml: Annotated[Path, typer.Argument(help="models.yaml: the models to load and their SLOs")],
+    models_yaml: Annotated[Path, typer.Argument(metavar="MODELS", help="models.yaml: the models to load and their SLOs")],
     shape: Annotated[str, typer.Option(help="constant | step | ramp | spike | diurnal | trace")] = "constant",
     duration: Annotated[str, typer.Option(help="run time: 120s, 2m, 1m30s")] = "60s",
     host: Annotated[str | None, typer.Option(help="Triton endpoint (default: the local cluster's front door)")] = None,

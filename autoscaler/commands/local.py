@@ -92,8 +92,8 @@ def _controller_log(run_dir: Path) -> logging.Handler:
 def register(app: typer.Typer) -> None:
     @app.command("up")
     def up(
-        models: Annotated[Path, typer.Argument(help="models.yaml")],
-        cluster: Annotated[Path, typer.Argument(help="cluster.yaml")],
+        models: Annotated[Path, typer.Argument(metavar="MODELS", help="models.yaml")],
+        cluster: Annotated[Path, typer.Argument(metavar="CLUSTER", help="cluster.yaml")],
         run_dir: Annotated[Path | None, typer.Option("--run-dir", help="state dir (default: local.run_dir)")] = None,
         control: Annotated[bool, typer.Option(
             "--control/--no-control",

@@ -77,6 +77,7 @@ def import_models(
     source: Annotated[
         str,
         typer.Argument(
+            metavar="SOURCE",
             help="MigModels as YAML or JSON (a List, one object, or several documents); - = stdin"
         ),
     ],

@@ -78,8 +78,8 @@ def _render(p: Any) -> None:
 
 
 def plan_cmd(
-    models: Annotated[str, typer.Argument(help="models.yaml (with capacity tables)")],
-    cluster: Annotated[str, typer.Argument(help="cluster.yaml (GPUs, initial layouts, policy)")],
+    models: Annotated[str, typer.Argument(metavar="MODELS", help="models.yaml (with capacity tables)")],
+    cluster: Annotated[str, typer.Argument(metavar="CLUSTER", help="cluster.yaml (GPUs, initial layouts, policy)")],
     demand: Annotated[str, typer.Option("--demand", help="DEMAND.yaml: model -> req/s (before headroom)")],
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     churn_budget: Annotated[

@@ -159,8 +159,8 @@ def run_profile(
 
 
 def profile(
-    models_yaml: Annotated[Path, typer.Argument(help="models.yaml")],
-    cluster_yaml: Annotated[Path, typer.Argument(help="cluster.yaml (the emulated GPUs to profile on)")],
+    models_yaml: Annotated[Path, typer.Argument(metavar="MODELS", help="models.yaml")],
+    cluster_yaml: Annotated[Path, typer.Argument(metavar="CLUSTER", help="cluster.yaml (the emulated GPUs to profile on)")],
     models: Annotated[str, typer.Option(help="only these models, comma list (default: every MIG model)")] = "",
     profiles: Annotated[str, typer.Option(help="only these profiles, e.g. 1g.10gb,3g.40gb (default: all allowed)")] = "",
     out: Annotated[Path, typer.Option(help="capacity table to write")] = Path("capacity.yaml"),

@@ -17,9 +17,9 @@ from autoscaler.config import ConfigError
 
 
 def simulate(
-    models: Annotated[str, typer.Argument(help="models.yaml (with capacity tables)")],
-    cluster: Annotated[str, typer.Argument(help="cluster.yaml (GPUs, initial layouts, policy)")],
-    trace: Annotated[str, typer.Argument(help="trace CSV t_s,model,rps (see `migscale trace generate`)")],
+    models: Annotated[str, typer.Argument(metavar="MODELS", help="models.yaml (with capacity tables)")],
+    cluster: Annotated[str, typer.Argument(metavar="CLUSTER", help="cluster.yaml (GPUs, initial layouts, policy)")],
+    trace: Annotated[str, typer.Argument(metavar="TRACE", help="trace CSV t_s,model,rps (see `migscale trace generate`)")],
     policy: Annotated[str, typer.Option(
         "--policy", help="migscale | hpa-queue | hpa-util | static-peak | oracle | all; windowed-max (analysis)")]
     = "migscale",

@@ -44,7 +44,7 @@ def _mean(text: str, models: list[str]) -> float | dict[str, float]:
 
 
 def generate(
-    kind: Annotated[str, typer.Argument(help=f"one of: {', '.join(tr.KINDS)}")],
+    kind: Annotated[str, typer.Argument(metavar="KIND", help=f"one of: {', '.join(tr.KINDS)}")],
     models: Annotated[str, typer.Option("--models", help="comma-separated names, or a models.yaml")] = "model",
     duration: Annotated[str, typer.Option("--duration", help="e.g. 24h, 90m, 3600")] = "24h",
     seed: Annotated[int, typer.Option("--seed")] = 0,
@@ -67,7 +67,7 @@ def generate(
                    f"{trace.duration_s:g} s, {trace.total_requests():.0f} requests", err=True)
 
 
-def show(path: Annotated[str, typer.Argument(help="trace CSV")],
+def show(path: Annotated[str, typer.Argument(metavar="TRACE", help="trace CSV")],
          as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Validate a trace and print per-model mean and peak req/s."""
     try:

@@ -83,3 +83,15 @@ def test_the_top_level_list_shows_each_summary_whole():
         if len(path) == 1:
             assert " ".join(_summary(cmd).split()) in text, path
     assert "Example" not in res.output
+
+
+@pytest.mark.parametrize("path, cmd", COMMANDS, ids=[" ".join(p) for p, _ in COMMANDS])
+def test_arguments_carry_the_capital_names_the_help_uses(path, cmd):
+    # The help texts say "Check MODELS and CLUSTER ..."; the usage line and the
+    # "Missing argument" error must use the same names, not the Python parameter's.
+    args = [p for p in cmd.params if p.param_type_name == "argument"]
+    for a in args:
+        assert a.metavar and a.metavar.isupper(), f"{' '.join(path)}: argument {a.name!r} has no capital name"
+    res = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"})
+    usage = next(line for line in res.output.splitlines() if "Usage:" in line)
+    assert [a.metavar for a in args] == re.findall(r"[{\[]([A-Z_]+)[}\]]", usage.replace("[OPTIONS]", "")), usage
