@@ -24,12 +24,16 @@ def to_json(result: Result) -> str:
 
 
 def table(results: Sequence[Result]) -> str:
-    """One line per policy: the headline numbers, aligned."""
-    head = f"{'policy':<12} {'SLO':>9} {'GPU-h':>9} {'slice-h':>9} {'reconf':>7} {'recov_s':>8} {'GPUs':>5}"
+    """One line per policy: the headline numbers, aligned, and the model furthest from its SLO
+    (the overall figure is request-weighted, so a small model's misses hide in it)."""
+    head = (f"{'policy':<12} {'SLO':>9} {'GPU-h':>9} {'slice-h':>9} {'reconf':>7} {'recov_s':>8} {'GPUs':>5}"
+            "  worst model")
     lines = [head]
     for r in results:
+        worst = min(r.per_model.items(), key=lambda kv: kv[1], default=None)
         lines.append(f"{r.policy:<12} {r.slo_attainment * 100:8.3f}% {r.gpu_hours:9.2f} {r.slice_hours:9.2f} "
-                     f"{r.reconfigurations:7d} {r.recovery_s:8.0f} {r.gpus_provisioned:5d}")
+                     f"{r.reconfigurations:7d} {r.recovery_s:8.0f} {r.gpus_provisioned:5d}"
+                     + (f"  {worst[0]} {worst[1] * 100:.2f}%" if worst else ""))
     return "\n".join(lines)
 
 

@@ -581,6 +581,14 @@ def test_cli_simulate_json_and_plot(tmp_path):
     for key in ("slo_attainment", "per_model", "gpu_hours", "slice_hours", "reconfigurations", "recovery_s"):
         assert key in out
     assert png.stat().st_size > 10_000
+    # the table names the model furthest from its SLO, with the JSON's figure
+    res = CliRunner().invoke(app, ["simulate", str(tmp_path / "models.yaml"), str(tmp_path / "cluster.yaml"),
+                                   str(tmp_path / "t.csv"), "--policy", "hpa-queue", "--warmup-s", "300"])
+    assert res.exit_code == 0, res.output
+    head, row = res.output.strip().splitlines()[-2:]
+    assert head.split()[-2:] == ["worst", "model"] and row.split()[0] == "hpa-queue"
+    name, pct = min(out["per_model"].items(), key=lambda kv: kv[1])
+    assert row.split()[-2:] == [name, f"{pct * 100:.2f}%"]
 
 
 def test_cli_simulate_bad_input_exits_2(tmp_path):
