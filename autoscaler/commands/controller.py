@@ -33,8 +33,9 @@ from autoscaler.commands._common import fail, load_or_exit
 
 EXAMPLE = """
 
-Example (the container args in k8s/base/deployment.yaml: models from MigModels
-in every namespace; for a models.yaml, its path instead of - and no --migmodels):
+Example (the container args in k8s/base/deployment.yaml: models from
+MigModels in every namespace; for a models.yaml, its path instead of -,
+and no --migmodels):
 
   migscale controller - /etc/migscale/cluster.yaml --migmodels all \\
       --backend kubernetes --leader-elect \\

@@ -46,9 +46,10 @@ def loadtest(
         migscale loadtest examples/models.yaml --shape spike --duration 120s \\
             --base-rps 20 --peak-rps 80 --results results/spike
 
-    Prints and runs the equivalent `locust -f loadtests/locustfile.py --headless ...`
-    line, writes results/locust_stats.csv, results/report.html and results/slo.json,
-    and exits 0 when every SLO held, 1 when one was missed, 2 on bad input.
+    Prints and runs the equivalent `locust -f loadtests/locustfile.py
+    --headless ...` line, writes results/locust_stats.csv, results/report.html
+    and results/slo.json, and exits 0 when every SLO held, 1 when one was
+    missed, 2 on bad input.
     """
     problems = []
     try:

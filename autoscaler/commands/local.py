@@ -219,7 +219,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show the replicas of the running controller: model, profile, GPU/slot, port, state, restarts, req/s, p99.
 
-        A crash-looping replica shows ``crashloop`` with its restart count and last error lines.
+        A crash-looping replica shows `crashloop` with its restart count and last error lines.
 
         Example: migscale status --json --run-dir .migscale
         """

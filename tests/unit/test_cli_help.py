@@ -95,3 +95,22 @@ def test_arguments_carry_the_capital_names_the_help_uses(path, cmd):
     res = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"})
     usage = next(line for line in res.output.splitlines() if "Usage:" in line)
     assert [a.metavar for a in args] == re.findall(r"[{\[]([A-Z_]+)[}\]]", usage.replace("[OPTIONS]", "")), usage
+
+
+@pytest.mark.parametrize("path, cmd", COMMANDS, ids=[" ".join(p) for p, _ in COMMANDS])
+def test_prose_reads_evenly_at_80_columns(path, cmd):
+    # Rich keeps a help text's own line breaks: in a paragraph of several lines, a line
+    # wider than the terminal wraps on its own and leaves a ragged fragment after it.
+    # A one-line paragraph wraps cleanly. Docstring markup (``x``) is shown as typed.
+    import inspect
+
+    res = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"})
+    shown = [" ".join(line.split()) for line in res.output.splitlines()]
+    assert not any("``" in line for line in shown), f"{' '.join(path)}: reST markup in the help"
+    text = inspect.cleandoc(cmd.help or "") + "\n\n" + inspect.cleandoc(cmd.epilog or "")
+    for para in text.split("\n\n"):
+        lines = [" ".join(raw.split()) for raw in para.splitlines() if raw.strip()]
+        if len(lines) < 2:
+            continue
+        for line in lines:
+            assert any(line in s for s in shown), f"{' '.join(path)}: a line wraps raggedly: {line!r}"
