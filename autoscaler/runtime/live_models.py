@@ -22,6 +22,16 @@ it again (a model directory may have gone since), and swaps the model set:
   deletes its replicas (replicas of a model no longer declared go); its
   runtime (route, restarts) stays until its last replica is gone.
 
+A model that stays may change its SLO, replica bounds, profiles and
+capacities, but not what its replicas run: its model directory (as
+resolved), its backend or its group size. The front door routes a model to
+one Triton model name, and replicas already running keep the directory they
+started from, so taking such a change would route requests to servers that
+do not have the model, or serve two versions behind one name. It is refused
+with the way to do it (remove the model, then add it back, or restart ``up``);
+so is adding back a removed model whose last replicas are still draining
+from another directory.
+
 A document that fails the second check is refused: the config in force
 stays, and ``status.json`` says why (``config.error``). ``migscale status``
 shows the generation in force (``config.generation``; 1 is the file ``up``
@@ -33,13 +43,14 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from autoscaler.act.local.cluster import LocalCluster
 from autoscaler.act.local.pids import write_json_atomic
+from autoscaler.act.local.replicas import ModelRuntime
 from autoscaler.config import ClusterConfig, ConfigError, ModelsConfig, model_specs, validate_pair
 from autoscaler.config.io import load_yaml
 from autoscaler.config.schema import parse_models
@@ -63,9 +74,15 @@ class Change:
         return f"generation {self.generation}: " + (", ".join(parts) if parts else "no model changed")
 
 
+def _as_run(cfg: ModelsConfig) -> dict:
+    """Each model with its directory resolved: the same directory named from another folder is no change."""
+    return {m.name: m.model_copy(update={"model_dir": str(cfg.resolve(m.model_dir).resolve())})
+            for m in cfg.models}
+
+
 def diff(old: ModelsConfig | None, new: ModelsConfig, generation: int) -> Change:
-    before = {m.name: m for m in (old.models if old is not None else ())}
-    after = {m.name: m for m in new.models}
+    before = _as_run(old) if old is not None else {}
+    after = _as_run(new)
     return Change(
         generation,
         tuple(n for n in after if n not in before),
@@ -91,6 +108,28 @@ def check(models: ModelsConfig, cluster: ClusterConfig, where: str) -> list[str]
         except SetupError as exc:
             problems.append(f"{where}: {exc}")
     return problems
+
+
+def runtime_changes(running: Mapping[str, ModelRuntime], models: ModelsConfig) -> list[str]:
+    """Why ``models`` cannot be taken live: each model that keeps its name but would run
+    something else than its replicas run now (``running``: the cluster's runtimes, those of
+    removed models still draining included)."""
+    out = []
+    new = model_runtimes(models)
+    for i, m in enumerate(models.models):
+        old, now = running.get(m.name), new[m.name]
+        if old is None or old == now:
+            continue
+        if old.backend != now.backend:
+            field, was, got = "backend", old.backend, now.backend
+        elif old.group_size != now.group_size:
+            field, was, got = "multinode", f"groups of {old.group_size}", f"groups of {now.group_size}"
+        else:
+            field, was, got = "model_dir", str(old.repository / old.triton_name), str(now.repository / now.triton_name)
+        out.append(f"models[{i}].{field}: {m.name} runs {was}, which cannot change while its replicas run "
+                   f"(remove {m.name}, apply, wait for its replicas to go, then add it back; or restart "
+                   f"`migscale up`), got {got}")
+    return out
 
 
 def current_generation(run_dir: Path) -> int:
@@ -167,6 +206,10 @@ class LiveModels:
         try:
             models = models_from_document(data.get("models"), Path(str(data.get("base_dir") or ".")), where)
             problems = check(models, self.ctl.cluster_cfg, where)
+            if not problems:
+                with self.cluster._lock:
+                    running = dict(self.cluster.models)
+                problems = [f"{where}: {p}" for p in runtime_changes(running, models)]
             if problems:
                 raise ConfigError(problems)
         except ConfigError as exc:
@@ -189,7 +232,7 @@ class LiveModels:
         if ctl.loop is not None:
             ctl.loop.config = ctl.policy
         with self.cluster._lock:
-            self.cluster.models.update(runtimes)  # new models and changed model dirs; removed ones retire later
+            self.cluster.models.update(runtimes)  # new models (runtime_changes refused any other); removed ones retire later
         self.generation, self.error, self.refused, self.last_change = generation, None, 0, change
         return change
 

@@ -119,6 +119,49 @@ def test_generations_increase_across_applies_and_a_refused_one_keeps_the_config_
     assert live.describe()["refused_generation"] == 3
 
 
+def test_a_running_models_directory_cannot_change_and_the_same_one_named_elsewhere_is_no_change(world):
+    tmp_path, ctl, lc, live, cluster, _ = world
+    # the same directories, named absolutely from a file in another folder: only the SLO changed
+    (tmp_path / "elsewhere").mkdir()
+    same = write(tmp_path / "elsewhere", "models:\n" + entry("resnet", 90).replace("model_dir: resnet",
+                 f"model_dir: {tmp_path / 'resnet'}") + entry("rnn").replace("model_dir: rnn", "model_dir: ../rnn"))
+    submit(lc.run_dir, same, cluster)
+    change = live.poll()
+    assert change is not None and (change.added, change.removed, change.changed) == ((), (), ("resnet",))
+    # another directory for a running model (a new version): running replicas would keep the old
+    # one and the front door would route to the new name -- refused, naming field and both values
+    (tmp_path / "resnet_v2").mkdir()
+    (tmp_path / "resnet_v2" / "config.pbtxt").write_text('name: "resnet_v2"\n')
+    moved = write(tmp_path, "models:\n" + entry("resnet").replace("model_dir: resnet", "model_dir: resnet_v2")
+                  + entry("rnn"))
+    gen = submit(lc.run_dir, moved, cluster)  # valid on its own: only the controller knows what runs
+    assert live.poll() is None and live.refused == gen and live.generation == 2
+    assert "models[0].model_dir: resnet runs " in live.error and str(tmp_path / "resnet_v2") in live.error
+    assert "remove resnet" in live.error
+    assert lc.models["resnet"].triton_name == "resnet"  # the route still names what the replicas serve
+    assert ctl.loop.config.slo_p99_ms["resnet"] == 90.0
+
+
+def test_a_removed_model_comes_back_from_another_directory_only_once_its_replicas_are_gone(world):
+    tmp_path, _ctl, lc, live, cluster, _ = world
+
+    class Rep:
+        model = "rnn"
+
+    lc._replicas["rnn-0"] = Rep()  # type: ignore[assignment]  # still draining from rnn/
+    submit(lc.run_dir, write(tmp_path, "models:\n" + entry("resnet"), "a.yaml"), cluster)
+    assert live.poll() is not None and "rnn" in lc.models
+    (tmp_path / "rnn2").mkdir()
+    (tmp_path / "rnn2" / "config.pbtxt").write_text('name: "rnn2"\n')
+    back = write(tmp_path, "models:\n" + entry("resnet") + entry("rnn").replace("model_dir: rnn", "model_dir: rnn2"))
+    gen = submit(lc.run_dir, back, cluster)
+    assert live.poll() is None and live.refused == gen and "models[1].model_dir: rnn runs" in live.error
+    del lc._replicas["rnn-0"]  # its last replica is gone: the runtime retires, the model may come back
+    submit(lc.run_dir, back, cluster)
+    change = live.poll()
+    assert change is not None and change.added == ("rnn",) and lc.models["rnn"].triton_name == "rnn2"
+
+
 def test_a_half_written_file_is_never_read(world):
     tmp_path, ctl, lc, live, cluster, _ = world
     submit(lc.run_dir, write(tmp_path, "models:\n" + entry("resnet")), cluster)
