@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -86,6 +87,17 @@ class _BoundedLoader(yaml.SafeLoader):
                     )
                 seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1, which PyYAML follows, reads a float only with a dot and a signed exponent,
+# so ``p99_ms: 1.5e2`` or ``resnet: 1e3`` would arrive as text and be refused as "not a
+# number". YAML 1.2's core schema (and kubectl, which reads YAML as JSON) takes them as
+# numbers; so does this loader. Names such as ``1g.10gb`` do not match.
+_BoundedLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
 
 
 class _LimitError(Exception):

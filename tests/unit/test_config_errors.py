@@ -363,6 +363,22 @@ def test_base_files_are_valid(tmp_path: Path) -> None:
     assert _problems(_dump(BASE_MODELS), _dump(BASE_CLUSTER), tmp_path) == []
 
 
+def test_exponent_numbers_are_numbers_as_in_yaml_1_2(tmp_path: Path) -> None:
+    # PyYAML's YAML 1.1 reads 1.5e2 as the text "1.5e2"; a config must not be refused for it
+    text = _dump(BASE_MODELS).replace("p99_ms: 100", "p99_ms: 1.0e2", 1)
+    assert "1.0e2" in text and _problems(text, _dump(BASE_CLUSTER), tmp_path) == []
+    models = load_models(tmp_path / "models.yaml")
+    assert models.models[0].slo.p99_ms == 100.0
+    assert all(isinstance(p, str) for m in models.models for p in (m.capacity or {}))  # 1g.10gb stays a name
+    from autoscaler.config.build import load_demand
+
+    (tmp_path / "d.yaml").write_text(f"{models.models[0].name}: 2e3\n")
+    assert load_demand(tmp_path / "d.yaml") == {models.models[0].name: 2000.0}
+    (tmp_path / "d.yaml").write_text(f"{models.models[0].name}: 2e3x\n")
+    with pytest.raises(ConfigError, match="req/s must be a number >= 0, got '2e3x'"):
+        load_demand(tmp_path / "d.yaml")
+
+
 def test_at_least_25_distinct_cases() -> None:
     assert len({case[0] for case in CASES}) == len(CASES) >= 25
     assert len({case[1] for case in CASES}) == len(CASES)  # every input differs
