@@ -29,6 +29,7 @@ from autoscaler.runtime.profile_sweep import (
     curve_search,
     rate_search,
     sweep,
+    table_capacity,
 )
 
 EXIT_NO_PROFILE_MEETS_SLO = 3
@@ -151,7 +152,7 @@ def run_profile(
                 proc.stop()
             cap = result.capacity_rps
             progress.update(task, completed=n_points, status=(
-                f"capacity {cap:.1f} req/s ({result.stop.value if result.stop else 'failed'})"
+                f"capacity {table_capacity(cap):.1f} req/s ({result.stop.value if result.stop else 'failed'})"
                 if cap is not None else f"no point within p99 {result.slo_p99_ms:g} ms"))
             progress.advance(overall)
             results.append(result)

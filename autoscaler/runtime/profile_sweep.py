@@ -285,6 +285,12 @@ def sweep(
     return points, StopReason.MAX_CONCURRENCY
 
 
+def table_capacity(cap_rps: float) -> float:
+    """The capacity the table states: rounded down to 0.1 req/s, since the planner must not
+    be promised more than was measured."""
+    return float(np.floor(cap_rps * 10) / 10)
+
+
 def capacity_document(results: Sequence[ProfileResult]) -> dict[str, Any]:
     """``{models: {name: {profile: rps}}, measured: {name: {profile: details}}}``.
 
@@ -297,7 +303,6 @@ def capacity_document(results: Sequence[ProfileResult]) -> dict[str, Any]:
     for r in results:
         cap = r.capacity_rps
         if cap is not None and cap > 0:
-            # rounded down to 0.1 req/s: the planner must not be promised more than was measured
-            models.setdefault(r.model, {})[r.profile] = float(np.floor(cap * 10) / 10)
+            models.setdefault(r.model, {})[r.profile] = table_capacity(cap)
         measured.setdefault(r.model, {})[r.profile] = r.to_dict()
     return {"models": models, "measured": measured}
