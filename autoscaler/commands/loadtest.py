@@ -17,7 +17,8 @@ from typing import Annotated
 import typer
 
 from autoscaler.commands._common import fail, load_models_or_exit
-from autoscaler.runtime.loadtest import build_command, frontdoor_from_run_dir, parse_duration
+from autoscaler.config.duration import parse_duration
+from autoscaler.runtime.loadtest import build_command, frontdoor_from_run_dir
 
 
 def loadtest(
@@ -58,11 +59,10 @@ def loadtest(
         problems.append(str(e))
         duration_s = 0.0
     warmup_s = 0.0
-    if warmup.strip() not in ("0", "0s", ""):
-        try:
-            warmup_s = parse_duration(warmup, "--warmup")
-        except ValueError as e:
-            problems.append(str(e))
+    try:
+        warmup_s = parse_duration(warmup, "--warmup", allow_zero=True)
+    except ValueError as e:
+        problems.append(str(e))
     if protocol not in ("http", "grpc"):
         problems.append(f"--protocol: must be http or grpc, got {protocol!r}")
     if not models_yaml.is_file():

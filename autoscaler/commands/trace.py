@@ -55,16 +55,18 @@ def generate(
     """Write a seeded synthetic trace of one of the KIND shapes (the benchmark's families among them)."""
     names = _models(models)
     try:
-        trace = tr.generate(kind, names, tr.parse_duration(duration), seed, _mean(mean_rps, names),
-                            tr.parse_duration(step))
+        trace = tr.generate(kind, names, tr.parse_duration(duration, "--duration"), seed, _mean(mean_rps, names),
+                            tr.parse_duration(step, "--step"))
     except tr.TraceError as exc:
-        fail(exc.problems)
+        # the generator names its arguments; here they are these options
+        flags = {"duration_s:": "--duration:", "step_s:": "--step:", "mean_rps.": "--mean-rps ", "models:": "--models:"}
+        fail([next((f + p[len(a):] for a, f in flags.items() if p.startswith(a)), p) for p in exc.problems])
     text = tr.write_csv(trace, None if out == "-" else out)
     if out == "-":
         typer.echo(text, nl=False)
     else:
         typer.echo(f"wrote {out}: {len(trace.models)} models x {len(trace.t_s)} samples, "
-                   f"{trace.duration_s:g} s, {trace.total_requests():.0f} requests", err=True)
+                   f"{trace.duration_s:.0f} s, {trace.total_requests():.0f} requests", err=True)
 
 
 def show(path: Annotated[str, typer.Argument(metavar="TRACE", help="trace CSV")],

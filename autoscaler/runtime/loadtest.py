@@ -2,41 +2,17 @@
 
 Outside the loop: load generation. One documented ``locust ... --headless``
 line (printable, so it can be re-run by hand or in CI without migscale),
-the duration syntax both commands accept, and where the local cluster's
-front door is.
+and where the local cluster's front door is.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtests" / "locustfile.py"
-
-_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m(?!s))?\s*(?:(\d+(?:\.\d+)?)s)?\s*$")
-
-
-def parse_duration(text: str, field: str = "duration") -> float:
-    """``"120s"``, ``"2m"``, ``"1m30s"``, ``"1h"``, or bare seconds ``"90"`` -> seconds (> 0).
-
-    Raises ValueError naming ``field`` and the value.
-    """
-    s = str(text).strip().lower()
-    try:
-        v = float(s)
-    except ValueError:
-        m = _DURATION.match(s)
-        if not s or m is None or not any(m.groups()):
-            raise ValueError(f"{field}: must be a duration like 120s, 2m, 1m30s or 1h, got {text!r}") from None
-        h, mi, se = (float(g) if g else 0.0 for g in m.groups())
-        v = h * 3600 + mi * 60 + se
-    if not (v > 0 and v < float("inf")):
-        raise ValueError(f"{field}: must be > 0, got {text!r}")
-    return v
-
 
 def locust_binary() -> str:
     """locust from the same virtualenv as this interpreter (the one that has tritonclient)."""

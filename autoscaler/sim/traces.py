@@ -33,8 +33,18 @@ from pathlib import Path
 
 import numpy as np
 
+from autoscaler.config.duration import format_seconds
+from autoscaler.config.duration import parse_duration as _parse_duration
 from autoscaler.sim.families import FAMILIES, FAMILY_STEP_S
 from autoscaler.sim.kinds import azure, azure_popularity, bursty, diurnal, flash
+
+# What one trace may hold. Each bound keeps a mistyped input (``--duration 10000000h``,
+# a row at t_s=1e12) to a clear error instead of hours of work or all the memory:
+# a month is four times the longest trace the benchmarks run, a million points per
+# model a month at 2.7 s, and the file cap far above a month of per-second rows.
+MAX_DURATION_S = 31 * 86400.0
+MAX_SAMPLES = 1_000_000
+MAX_FILE_BYTES = 256 << 20
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -147,6 +157,9 @@ def read_csv(path: str | Path) -> Trace:
     """Parse and validate a trace file; every problem is reported as ``line N: field: message, got VALUE``."""
     p = Path(path)
     try:
+        size = p.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise TraceError([f"{p}: {size} bytes, over the {MAX_FILE_BYTES >> 20} MiB a trace may have"])
         text = p.read_text()
     except OSError as e:
         raise TraceError([f"{p}: cannot read the trace: {e.strerror}"]) from None
@@ -200,6 +213,11 @@ def parse_csv(text: str, source: str = "trace") -> Trace:
     if problems:
         raise TraceError(problems)
     grid = np.array(sorted({t for per in rows.values() for t in per}))
+    if grid[-1] >= MAX_DURATION_S:
+        raise TraceError([(f"{source}: t_s: the last row is at {grid[-1]:g} s; a trace may span at most "
+                           f"{format_seconds(MAX_DURATION_S)} ({MAX_DURATION_S:g} s)")])
+    if len(grid) > MAX_SAMPLES:
+        raise TraceError([f"{source}: {len(grid)} distinct times, over the {MAX_SAMPLES} a trace may have"])
     gaps = np.diff(grid)
     if len(gaps):
         vals, counts = np.unique(np.round(gaps, 9), return_counts=True)
@@ -219,18 +237,13 @@ def parse_csv(text: str, source: str = "trace") -> Trace:
 # ------------------------------------------------------------------ generators
 
 
-def parse_duration(text: str | float) -> float:
-    """``"24h"``, ``"90m"``, ``"30s"``, ``"2d"`` or plain seconds -> seconds (> 0)."""
-    if isinstance(text, (int, float)):
-        v = float(text)
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smhd]?)\s*", str(text))
-        if not m:
-            raise TraceError([f"duration: expected a number with an optional unit s/m/h/d (e.g. 24h), got {text!r}"])
-        v = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-    if not math.isfinite(v) or v <= 0:
-        raise TraceError([f"duration: must be > 0 seconds, got {text!r}"])
-    return v
+def parse_duration(text: str | float, field: str = "duration") -> float:
+    """``"24h"``, ``"90m"``, ``"1m30s"``, ``"2d"`` or plain seconds -> seconds (> 0), at most
+    ``MAX_DURATION_S`` (config/duration.py's syntax); TraceError naming ``field`` otherwise."""
+    try:
+        return _parse_duration(text, field, max_s=MAX_DURATION_S)
+    except ValueError as exc:
+        raise TraceError([str(exc)]) from None
 
 
 def _means(models: Sequence[str], mean_rps: float | Mapping[str, float]) -> np.ndarray:
@@ -281,6 +294,11 @@ def generate(
         problems.append(f"step_s: must be > 0, got {step_s!r}")
     elif not (duration_s >= step_s):
         problems.append(f"duration_s: must be at least one step ({step_s}s), got {duration_s!r}")
+    elif not duration_s <= MAX_DURATION_S:
+        problems.append(f"duration_s: must be at most {format_seconds(MAX_DURATION_S)}, got {duration_s!r}")
+    elif duration_s / step_s > MAX_SAMPLES:
+        problems.append(f"step_s: {duration_s:g} s in steps of {step_s:g} s is over {MAX_SAMPLES} samples; "
+                        f"a step of at least {duration_s / MAX_SAMPLES:.3g} s, got {step_s!r}")
     if problems:
         raise TraceError(problems)
     means = _means(models, mean_rps)

@@ -117,10 +117,24 @@ def test_generator_rejects_bad_arguments():
     assert "duration_s: must be at least one step" in text
 
 
-@pytest.mark.parametrize("text, seconds", [("24h", 86400), ("90m", 5400), ("30s", 30), ("2d", 172800),
-                                           ("15", 15)])
-def test_parse_duration(text, seconds):
-    assert tr.parse_duration(text) == seconds
+def test_a_trace_is_bounded_in_span_points_and_bytes(tmp_path):
+    # a mistyped input is a clear error, not hours of simulation or all the memory
+    with pytest.raises(tr.TraceError, match=r"--duration: must be at most 31d, got '10000000h'"):
+        tr.parse_duration("10000000h", "--duration")
+    with pytest.raises(tr.TraceError, match=r"duration_s: must be at most 31d"):
+        tr.generate("diurnal", ["a"], tr.MAX_DURATION_S + 60, seed=0)
+    with pytest.raises(tr.TraceError, match=r"step_s: .* over 1000000 samples; a step of at least 2.68 s"):
+        tr.generate("diurnal", ["a"], tr.MAX_DURATION_S, seed=0, step_s=0.1)
+    assert len(tr.generate("diurnal", ["a"], 2 * 86400, seed=0, step_s=60).t_s) == 2880
+    with pytest.raises(tr.TraceError, match=r"the last row is at 1e\+09 s; a trace may span at most 31d"):
+        tr.parse_csv("t_s,model,rps\n0,a,1\n1e9,a,2\n")
+    with pytest.raises(tr.TraceError, match="1000001 distinct times"):
+        tr.parse_csv("t_s,model,rps\n" + "".join(f"{i / 1000},a,1\n" for i in range(tr.MAX_SAMPLES + 1)))
+    big = tmp_path / "big.csv"
+    with big.open("wb") as f:  # sparse: no disk is used
+        f.truncate(tr.MAX_FILE_BYTES + 1)
+    with pytest.raises(tr.TraceError, match="over the 256 MiB a trace may have"):
+        tr.read_csv(big)
 
 
 def test_cli_generate_and_show(tmp_path):
