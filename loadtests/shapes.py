@@ -5,7 +5,7 @@ later measures. The locust ``LoadTestShape`` in ``loadtests/locustfile.py``
 turns them into users and per-user pacing; the simulator (``autoscaler/sim``)
 imports the same objects so a simulated run and a real load test see the same
 curve. Nothing here imports locust, reads a clock or does I/O except
-``load_trace_csv`` (which only parses a file the caller names).
+``load_trace_csv`` (which reads a file the caller names, with the simulator's parser).
 
 Every shape answers two questions for a time ``t_s`` (seconds since the test
 started):
@@ -22,7 +22,6 @@ is 0.0 (the load test stops there, it does not run at a leftover rate).
 from __future__ import annotations
 
 import bisect
-import csv
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -230,7 +229,8 @@ class TraceReplay(_Base):
             times = sorted({t for v in pts.values() for t, _ in v})
             gaps = [round(b - a, 9) for a, b in itertools.pairwise(times)]
             # the most common spacing (ties: the smaller), the same rule as autoscaler/sim/traces.py
-            step = min(set(gaps), key=lambda g: (-gaps.count(g), g)) if gaps else 1.0
+            # one time only: one per-minute sample, as the simulator reads it
+            step = min(set(gaps), key=lambda g: (-gaps.count(g), g)) if gaps else 60.0
             duration_s = (times[-1] + step) / speedup
         return cls(duration_s=duration_s, points=pts, speedup=speedup)
 
@@ -253,24 +253,16 @@ class TraceReplay(_Base):
 
 
 def load_trace_csv(path: str | Path) -> list[tuple[float, str, float]]:
-    """Rows ``(t_s, model, rps)`` from a CSV with header ``t_s,model,rps``."""
-    p = Path(path)
+    """Rows ``(t_s, model, rps)`` of a trace file, read and checked by the simulator's own
+    parser (``autoscaler/sim/traces.py``: header, names, numbers, duplicates, size), so a load
+    test takes exactly the traces a simulation takes and replays the same curve."""
+    from autoscaler.sim.traces import TraceError, read_csv
+
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise ShapeError(f"trace: cannot read {str(p)!r}: {e.strerror}") from None
-    reader = csv.DictReader(text.splitlines())
-    missing = {"t_s", "model", "rps"} - set(reader.fieldnames or [])
-    if missing:
-        raise ShapeError(f"trace {p}: header must have t_s,model,rps; missing {sorted(missing)}, "
-                         f"got {reader.fieldnames}")
-    rows = []
-    for n, r in enumerate(reader, start=2):
-        try:
-            rows.append((float(r["t_s"]), r["model"].strip(), float(r["rps"])))
-        except (TypeError, ValueError):
-            raise ShapeError(f"trace {p} line {n}: t_s and rps must be numbers, got {r}") from None
-    return rows
+        trace = read_csv(path)
+    except TraceError as exc:
+        raise ShapeError("trace: " + "; ".join(exc.problems)) from None
+    return [(float(t), m, float(trace.rps[i, k])) for i, m in enumerate(trace.models) for k, t in enumerate(trace.t_s)]
 
 
 SHAPES = ("constant", "step", "ramp", "spike", "diurnal", "trace")

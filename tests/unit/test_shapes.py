@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from loadtests import shapes
@@ -142,7 +143,7 @@ def test_trace_errors(tmp_path):
         shape_from_spec("trace", 10)
     bad = tmp_path / "bad.csv"
     bad.write_text("time,model,rps\n0,a,1\n")
-    with pytest.raises(ShapeError, match="missing"):
+    with pytest.raises(ShapeError, match="header must be exactly t_s,model,rps"):
         shape_from_spec("trace", 10, path=str(bad))
     bad.write_text("t_s,model,rps\n0,a,lots\n")
     with pytest.raises(ShapeError, match="line 2"):
@@ -180,3 +181,31 @@ def test_plan_users_paces_each_user_to_hit_the_total():
 def test_trace_period_is_the_most_common_spacing():
     rows = [(0, "a", 1), (60, "a", 2), (120, "a", 3), (150, "a", 4), (210, "a", 5)]
     assert TraceReplay.from_rows(rows).duration_s == 270
+
+
+@pytest.mark.parametrize("text", [
+    "t_s,model,rps\n0,a,5\n",  # one time: one per-minute sample in both
+    "t_s,model,rps\n0,a,5\n30,b,2\n60,a,1\n90,a,0\n150,b,7\n",  # a model starting late, irregular spacing
+])
+def test_a_load_test_replays_the_curve_the_simulator_reads(tmp_path, text):
+    from autoscaler.sim.traces import read_csv
+
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    sim = read_csv(path)
+    replay = shape_from_spec("trace", 0, path=str(path))
+    assert replay.duration_s == sim.duration_s
+    for t in np.arange(0, sim.duration_s, 7.5):
+        k = int(np.searchsorted(sim.t_s, t, side="right")) - 1
+        want = {m: float(sim.rps[i, k]) for i, m in enumerate(sim.models)}
+        got = replay.model_rps(float(t)) or {}
+        assert {m: got.get(m, 0.0) for m in want} == want, t
+
+
+def test_a_load_test_refuses_what_the_simulator_refuses(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("t_s,model,rps\n0,Resnet,5\n0,a,nan\n")
+    with pytest.raises(ShapeError) as e:
+        shape_from_spec("trace", 0, path=str(path))
+    assert "model: must be a DNS-1123 label, got 'Resnet'" in str(e.value)
+    assert "line 3: rps: must be a finite number >= 0, got 'nan'" in str(e.value)
