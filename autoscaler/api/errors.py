@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("migscale.api")
 
 _REASONS = {
     400: "BadRequest",

@@ -4,11 +4,15 @@ Every command that takes ``MODELS CLUSTER`` calls ``load_or_exit`` so bad
 input looks the same everywhere: each problem on its own stderr line,
 prefixed with the file it is in, exit status 2, never a traceback.
 ``print_rows`` prints the commands' tables so that no cell is cut short on
-a narrow terminal. The leading underscore keeps ``cli.py`` from registering this module as commands.
+a narrow terminal. ``log_to_stderr`` gives the long-running Kubernetes-side
+commands (``controller``, ``api``) their log: the pod's. The leading underscore
+keeps ``cli.py`` from registering this module as commands.
 """
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -28,6 +32,49 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 EXIT_USAGE = 2  # bad input: config, arguments (the same status click uses for usage errors)
+
+
+class _OneLine(logging.Formatter):
+    """A failure as one line (its exception's type and message), for a terminal where the
+    command also prints the failure in its own output."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None}))
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            line += f": {type(exc).__name__}: {' '.join(str(exc).split())}"
+        return line
+
+
+def log_to_stderr(*, tracebacks: bool = True, level: int = logging.INFO) -> logging.Handler:
+    """Send migscale's log (leadership, informer retries, tick failures) to stderr, one
+    timestamped line each. Without it Python prints only warnings and errors, bare, and drops
+    the INFO lines an operator reads a controller by. ``tracebacks=False`` keeps a failure's
+    traceback out of a one-shot command's terminal, where the failure is in its output."""
+    root = logging.getLogger("migscale")
+    for old in [h for h in root.handlers if isinstance(h, _Stderr)]:
+        root.removeHandler(old)  # one per process, however often a command is invoked in it
+    h = _Stderr()
+    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    h.setFormatter(logging.Formatter(fmt) if tracebacks else _OneLine(fmt))
+    root.addHandler(h)
+    root.setLevel(level)
+    return h
+
+
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at each record (a test runner swaps it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
 
 
 def _prefixed(path: str | Path, problems: Iterable[str]) -> list[str]:

@@ -25,7 +25,7 @@ from typing import Annotated, Any
 
 import typer
 
-from autoscaler.commands._common import fail, load_or_exit
+from autoscaler.commands._common import fail, load_or_exit, log_to_stderr
 
 EXAMPLE = """
 
@@ -220,6 +220,7 @@ def register(app: typer.Typer) -> None:
         elif names:
             fail([f"--requestheader-allowed-names: needs --client-ca and TLS, got {allowed_names!r}"])
         models_cfg, cluster_cfg = load_or_exit(models, cluster)
+        log_to_stderr()
         state = ApiState(namespace=cluster_cfg.namespace)
         specs = model_specs(models_cfg, cluster_cfg)
         slos = {m.name: float(m.slo.p99_ms) for m in models_cfg.models}

@@ -25,7 +25,7 @@ from typing import Annotated, Any
 
 import typer
 
-from autoscaler.commands._common import fail, load_or_exit
+from autoscaler.commands._common import fail, load_or_exit, log_to_stderr
 
 # validate_pair's checks that model_dir exists on disk: on Kubernetes the model
 # repository is a volume of the Triton pods (k8s_render: --model-repository=/models),
@@ -321,6 +321,7 @@ def register(app: typer.Typer) -> None:
         problems = check_timings(lease_duration, renew_deadline, retry_period)
         if problems:
             fail(problems)
+        log_to_stderr(tracebacks=not once)
         spaces = _migmodel_namespaces(migmodels, models)
         if spaces is None:
             models_cfg, cluster_cfg = load_for_cluster(models, cluster)
@@ -391,6 +392,9 @@ def register(app: typer.Typer) -> None:
                 typer.echo(json.dumps(ctl.status(result), indent=2, default=str))
             finally:
                 ctl.close()
+            if not result.ok:
+                typer.echo(f"migscale controller: the tick failed: {'; '.join(result.errors) or 'see last_tick'}",
+                           err=True)
             raise typer.Exit(0 if result.ok else 1)
         if client_ca_from_cluster:
             try:

@@ -245,7 +245,7 @@ class KubernetesController:
         self.models = ms
         self.loop.config = replace(self.loop.config, models=tuple(ms.specs), slo_p99_ms=dict(ms.slo_p99_ms))
         self.backend.set_models(ms.specs, ms.namespaces, ms.owners)
-        log.info("serving %d models: %s", len(ms.specs), ", ".join(m.name for m in ms.specs))
+        log.info("serving %d model%s: %s", len(ms.specs), "" if len(ms.specs) == 1 else "s", ", ".join(m.name for m in ms.specs))
 
     def before_tick(self) -> None:
         self._tick_started = time.perf_counter()

@@ -287,6 +287,8 @@ def test_cli_once_ticks_against_the_cluster_and_exits_0(fake, configs, prometheu
     assert out.exit_code == 0, out.output
     report = json.loads(out.stdout)
     assert report["leader"] is True and report["last_tick"]["ok"] is True
+    # its log is on stderr, INFO lines included, each timestamped
+    assert " INFO migscale.controller: serving 1 model: resnet" in out.stderr, out.stderr
     n = sum(a["kind"] == "create" for a in report["last_tick"]["actions"])
     assert n >= 1 and fake.get("Deployment", DEPLOY)["spec"]["replicas"] == n
     assert prometheus.queries  # it really observed through Prometheus

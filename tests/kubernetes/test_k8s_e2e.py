@@ -80,7 +80,8 @@ class Controller:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.lines.append(line.rstrip())
-            if self.url is None and " serving " in line:
+            # "migscale controller <identity>: serving <url> (...)"; the log's own lines are timestamped
+            if self.url is None and line.startswith("migscale controller ") and " serving " in line:
                 self.url = line.split(" serving ", 1)[1].split(" ", 1)[0]
 
     def wait_url(self, timeout_s: float = 30) -> str:
