@@ -30,7 +30,7 @@ started from, so taking such a change would route requests to servers that
 do not have the model, or serve two versions behind one name. It is refused
 with the way to do it (remove the model, then add it back, or restart ``up``);
 so is adding back a removed model whose last replicas are still draining
-from another directory.
+from another directory. A model with no replica at all may change anything.
 
 A document that fails the second check is refused: the config in force
 stays, and ``status.json`` says why (``config.error``). ``migscale status``
@@ -112,8 +112,8 @@ def check(models: ModelsConfig, cluster: ClusterConfig, where: str) -> list[str]
 
 def runtime_changes(running: Mapping[str, ModelRuntime], models: ModelsConfig) -> list[str]:
     """Why ``models`` cannot be taken live: each model that keeps its name but would run
-    something else than its replicas run now (``running``: the cluster's runtimes, those of
-    removed models still draining included)."""
+    something else than its replicas run now (``running``: the runtimes of the models that
+    have a replica, removed models still draining included)."""
     out = []
     new = model_runtimes(models)
     for i, m in enumerate(models.models):
@@ -207,8 +207,9 @@ class LiveModels:
             models = models_from_document(data.get("models"), Path(str(data.get("base_dir") or ".")), where)
             problems = check(models, self.ctl.cluster_cfg, where)
             if not problems:
-                with self.cluster._lock:
-                    running = dict(self.cluster.models)
+                with self.cluster._lock:  # a model with no replica left may change anything
+                    serving = {r.model for r in self.cluster.replicas()}
+                    running = {n: rt for n, rt in self.cluster.models.items() if n in serving}
                 problems = [f"{where}: {p}" for p in runtime_changes(running, models)]
             if problems:
                 raise ConfigError(problems)

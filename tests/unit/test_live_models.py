@@ -121,6 +121,11 @@ def test_generations_increase_across_applies_and_a_refused_one_keeps_the_config_
 
 def test_a_running_models_directory_cannot_change_and_the_same_one_named_elsewhere_is_no_change(world):
     tmp_path, ctl, lc, live, cluster, _ = world
+
+    class Rep:
+        model = "resnet"
+
+    lc._replicas["resnet-0"] = Rep()  # type: ignore[assignment]  # serving from resnet/
     # the same directories, named absolutely from a file in another folder: only the SLO changed
     (tmp_path / "elsewhere").mkdir()
     same = write(tmp_path / "elsewhere", "models:\n" + entry("resnet", 90).replace("model_dir: resnet",
@@ -140,6 +145,13 @@ def test_a_running_models_directory_cannot_change_and_the_same_one_named_elsewhe
     assert "remove resnet" in live.error
     assert lc.models["resnet"].triton_name == "resnet"  # the route still names what the replicas serve
     assert ctl.loop.config.slo_p99_ms["resnet"] == 90.0
+    # rnn has no replica: nothing runs its old directory, so it may move
+    (tmp_path / "rnn_v2").mkdir()
+    (tmp_path / "rnn_v2" / "config.pbtxt").write_text('name: "rnn_v2"\n')
+    submit(lc.run_dir, write(tmp_path, "models:\n" + entry("resnet", 90)
+                             + entry("rnn").replace("model_dir: rnn", "model_dir: rnn_v2"), "c.yaml"), cluster)
+    change = live.poll()
+    assert change is not None and change.changed == ("rnn",) and lc.models["rnn"].triton_name == "rnn_v2"
 
 
 def test_a_removed_model_comes_back_from_another_directory_only_once_its_replicas_are_gone(world):
