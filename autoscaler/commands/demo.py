@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
     def demo(
         models: Annotated[Path, typer.Argument(metavar="MODELS", help="models.yaml")],
         cluster: Annotated[Path, typer.Argument(metavar="CLUSTER", help="cluster.yaml")],
-        results: Annotated[Path, typer.Option("--results", help="report folder (replaced)")] = Path("demo-results"),
+        results: Annotated[Path, typer.Option("--results", help="report folder: new, empty or an earlier report (replaced)")] = Path("demo-results"),
         live: Annotated[bool, typer.Option("--live/--no-live", help="redraw the live terminal view")] = True,
         reaction_s: Annotated[float, typer.Option("--reaction-s", min=0,
                                                   help="seconds after each load rise that are not judged")] = 25.0,
@@ -30,9 +30,12 @@ def register(app: typer.Typer) -> None:
               --results demo-results
         """
         from autoscaler.act.local.preflight import preflight
-        from autoscaler.runtime.demo import run_demo
+        from autoscaler.runtime.demo import results_problem, run_demo
 
         models_cfg, cluster_cfg = load_or_exit(models, cluster)
+        problem = results_problem(results.resolve())
+        if problem:
+            fail([problem])
         problems = preflight(models_cfg, cluster_cfg)
         if problems:
             fail([f"{models}: {p}" if p.startswith("models[") else f"{cluster}: {p}" for p in problems])

@@ -193,6 +193,27 @@ def _port_or_free(port: int) -> int:
     return port
 
 
+REPORT_MARKER = ".migscale-demo-report"
+# what a report written before the marker existed holds (these names are the demo's own)
+_REPORT_FILES = ("demo-trace.csv", "locust-command.txt")
+
+
+def results_problem(results: Path) -> str | None:
+    """Why ``results`` must not be replaced, or None. The demo deletes the folder it writes
+    to, so it replaces only a folder that is missing, empty or one of its own reports: a
+    mistyped ``--results .`` must not take a working tree with it."""
+    if not results.exists():
+        return None
+    if not results.is_dir():
+        return f"--results: {results} exists and is not a folder; give a new folder or a demo report's, got {str(results)!r}"
+    if not any(results.iterdir()) or (results / REPORT_MARKER).is_file():
+        return None
+    if all((results / f).is_file() for f in _REPORT_FILES):
+        return None
+    return (f"--results: {results} holds files that are not a `migscale demo` report, and the demo replaces "
+            f"its folder; give a new or empty folder, got {str(results)!r}")
+
+
 def run_demo(models_path: Path, models_cfg: ModelsConfig, cluster_cfg: ClusterConfig, results: Path, *,
              live: bool = True,
              script: DemoScript | None = None, reaction_s: float = 25.0, console: Console | None = None) -> int:
@@ -200,9 +221,13 @@ def run_demo(models_path: Path, models_cfg: ModelsConfig, cluster_cfg: ClusterCo
 
     console = console or Console()
     results = results.resolve()
+    problem = results_problem(results)
+    if problem:
+        raise ValueError(problem)
     if results.exists():
         shutil.rmtree(results)
     (results / "locust").mkdir(parents=True)
+    (results / REPORT_MARKER).write_text("a `migscale demo` report; the next demo into this folder replaces it\n")
     run_dir = results / "run"
     local = cluster_cfg.local
     # The configured ports when free, else any free one: a demo must not fail on a busy 8000.
