@@ -140,6 +140,21 @@ def test_port_in_use_names_its_holder():
     check_bindable(port, "front door")  # free again: no error
 
 
+def test_a_holder_with_a_long_multiline_command_is_named_on_one_short_line():
+    code = ("import socket, sys, time\n" + "# filler\n" * 40
+            + "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+            + "print(s.getsockname()[1], flush=True); time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(p.stdout.readline())
+        h = port_holder(port)
+        assert h is not None and h.pid == p.pid
+        assert "\n" not in h.cmdline and len(h.cmdline) <= 120 and h.cmdline.endswith("…")
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_run_dir_lock_admits_one_holder_and_names_it(tmp_path):
     a, b = RunDirLock(tmp_path), RunDirLock(tmp_path)
     assert a.acquire()

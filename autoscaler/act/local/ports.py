@@ -64,7 +64,9 @@ def port_holder(port: int) -> Holder | None:
             try:
                 if os.readlink(f"/proc/{d}/fd/{fd}") in wanted:
                     with open(f"/proc/{d}/cmdline", "rb") as f:
-                        cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                        # one line of at most 120 characters: an error line, whatever the command was
+                        cmd = " ".join(f.read().replace(b"\0", b" ").decode(errors="replace").split())
+                        cmd = cmd if len(cmd) <= 120 else cmd[:119] + "…"
                     return Holder(int(d), cmd or "?")
             except OSError:
                 continue
