@@ -30,7 +30,16 @@ from typing import Annotated
 
 import typer
 
-from autoscaler.act.local.pids import ProcRecord, RunDirLock, load_records, sweep, write_json_atomic
+from autoscaler.act.local.pids import (
+    ProcRecord,
+    RunDirLock,
+    is_run_dir,
+    load_records,
+    mark_run_dir,
+    run_dir_problem,
+    sweep,
+    write_json_atomic,
+)
 from autoscaler.act.local.ports import PortInUse, check_bindable
 from autoscaler.act.local.preflight import preflight
 from autoscaler.commands._common import fail, load_or_exit
@@ -108,7 +117,11 @@ def register(app: typer.Typer) -> None:
         """
         models_cfg, cluster_cfg = load_or_exit(models, cluster)
         rd = (run_dir or Path(cluster_cfg.local.run_dir)).resolve()
+        problem = run_dir_problem(rd)
+        if problem:
+            fail([problem])
         rd.mkdir(parents=True, exist_ok=True)
+        mark_run_dir(rd)
         lock = RunDirLock(rd)
         if not lock.acquire():
             holder = lock.holder()
@@ -188,8 +201,11 @@ def register(app: typer.Typer) -> None:
         Example: migscale down --run-dir .migscale
         """
         rd = run_dir.resolve()
-        if not rd.is_dir():
-            _say(f"no controller running in {rd}")
+        if not rd.is_dir() or not is_run_dir(rd):
+            # nothing of ours to read or delete there; processes still marked with it are stopped
+            orphans = sweep(rd, [])
+            what = "no folder" if not rd.exists() else "not a migscale run directory, nothing in it touched"
+            _say(f"no controller running in {rd} ({what})" + (f"; stopped orphans {orphans}" if orphans else ""))
             return
         lock = RunDirLock(rd)
         live = lock.holder() if lock.held_by_other() else None

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from autoscaler.act.local.cluster import LocalCluster
+from autoscaler.act.local.pids import is_run_dir
 from autoscaler.config import ConfigError, load_cluster, load_models
 from autoscaler.runtime.live_models import APPLIED, LiveModels, current_generation, submit
 from autoscaler.runtime.local import LocalController
@@ -31,6 +32,7 @@ def world(tmp_path: Path):
     models, cluster = load_models(tmp_path / "models.yaml"), load_cluster(tmp_path / "cluster.yaml")
     gpus, _ = local_gpus(cluster)
     lc = LocalCluster(tmp_path / "run", model_runtimes(models), gpus)  # not started: no process runs
+    assert is_run_dir(lc.run_dir)  # `down` may clear it (the demo's run dir is made this way)
     ctl = LocalController(lc, models, cluster)
     ctl.build_loop()
     said: list[str] = []

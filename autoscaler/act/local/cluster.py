@@ -40,7 +40,7 @@ from autoscaler.act.local.apply import ApplyMixin, ProcessLauncher, ReplicaLaunc
 from autoscaler.act.local.backoff import BackoffPolicy, RestartBackoff
 from autoscaler.act.local.groups import GroupsMixin
 from autoscaler.act.local.nginx import NginxFrontDoor, Route
-from autoscaler.act.local.pids import PidRegistry, sweep
+from autoscaler.act.local.pids import PidRegistry, mark_run_dir, sweep
 from autoscaler.act.local.probe import ReplicaLoad, load_between, scrape
 from autoscaler.act.local.prometheus import PrometheusServer, ScrapeTarget
 from autoscaler.act.local.replicas import LocalReplica, ModelRuntime, replica_env
@@ -79,6 +79,7 @@ class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
         processes); the contract suite injects fast fake ones."""
         self.run_dir = Path(run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        mark_run_dir(self.run_dir)
         self.models = dict(models)
         self.clock = clock or WallClock()
         self.tritonserver = tritonserver

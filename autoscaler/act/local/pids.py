@@ -259,6 +259,41 @@ def write_json_atomic(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
+RUN_DIR_MARKER = ".migscale-run-dir"
+# what a run directory made before the marker existed holds besides its lock
+_RUN_DIR_PARTS = ("controller.log", "nginx", "prometheus", "replicas")
+
+
+def mark_run_dir(run_dir: str | os.PathLike) -> None:
+    """Say that ``run_dir`` is a run directory: ``up`` and ``down`` delete their records only in one."""
+    marker = Path(run_dir) / RUN_DIR_MARKER
+    if not marker.exists():
+        marker.write_text("a migscale run directory (`migscale down` clears its records)\n")
+
+
+def is_run_dir(run_dir: str | os.PathLike) -> bool:
+    rd = Path(run_dir)
+    if (rd / RUN_DIR_MARKER).is_file():
+        return True
+    return (rd / "controller.lock").is_file() and any((rd / p).exists() for p in _RUN_DIR_PARTS)
+
+
+def run_dir_problem(run_dir: str | os.PathLike) -> str | None:
+    """Why ``run_dir`` must not become a run directory, or None. ``up`` deletes the records a
+    previous controller left (``status.json``, ``pids.json``, ``controller.json``), names common
+    enough that a mistyped ``--run-dir`` would take a user's own; so it takes only a missing or
+    empty folder, or a run directory."""
+    rd = Path(run_dir)
+    if not rd.exists():
+        return None
+    if not rd.is_dir():
+        return f"--run-dir: {rd} exists and is not a folder, got {str(rd)!r}"
+    if is_run_dir(rd) or not any(rd.iterdir()):
+        return None
+    return (f"--run-dir: {rd} holds files and is not a migscale run directory (no {RUN_DIR_MARKER}); "
+            f"give a new or empty folder, got {str(rd)!r}")
+
+
 class RunDirLock:
     """One controller per run directory: an exclusive ``flock`` on ``run_dir/controller.lock``.
 

@@ -1,0 +1,58 @@
+"""`up` and `down` delete a run directory's records; they touch only a run directory (act/local/pids.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from autoscaler.act.local.pids import RUN_DIR_MARKER, is_run_dir, mark_run_dir, run_dir_problem
+from autoscaler.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _foreign(tmp_path: Path) -> Path:
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "status.json").write_text('{"mine": 1}')
+    (d / "pids.json").write_text("[1, 2]")
+    return d
+
+
+def test_down_on_a_folder_that_is_not_a_run_directory_touches_nothing(tmp_path):
+    d = _foreign(tmp_path)
+    res = CliRunner().invoke(app, ["down", "--run-dir", str(d)])
+    assert res.exit_code == 0 and "not a migscale run directory, nothing in it touched" in res.output
+    assert sorted(p.name for p in d.iterdir()) == ["pids.json", "status.json"]  # nor a lock file made
+    assert (d / "status.json").read_text() == '{"mine": 1}'
+    res = CliRunner().invoke(app, ["down", "--run-dir", str(tmp_path / "absent")])
+    assert res.exit_code == 0 and "(no folder)" in res.output and not (tmp_path / "absent").exists()
+
+
+def test_up_refuses_a_folder_that_is_not_a_run_directory(tmp_path):
+    d = _foreign(tmp_path)
+    res = CliRunner().invoke(app, ["up", str(ROOT / "examples/models.yaml"), str(ROOT / "examples/cluster.yaml"),
+                                   "--run-dir", str(d)])
+    assert res.exit_code == 2 and "--run-dir:" in res.output and "not a migscale run directory" in res.output
+    assert sorted(p.name for p in d.iterdir()) == ["pids.json", "status.json"]
+
+
+def test_what_counts_as_a_run_directory(tmp_path):
+    assert run_dir_problem(tmp_path / "new") is None
+    (tmp_path / "empty").mkdir()
+    assert run_dir_problem(tmp_path / "empty") is None
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / "status.json").write_text("{}")
+    assert not is_run_dir(ours) and run_dir_problem(ours)
+    mark_run_dir(ours)
+    assert (ours / RUN_DIR_MARKER).is_file() and is_run_dir(ours) and run_dir_problem(ours) is None
+    older = tmp_path / "older"  # made before the marker: its lock beside the controller's log
+    older.mkdir()
+    (older / "controller.lock").write_text("")
+    assert not is_run_dir(older)
+    (older / "controller.log").write_text("")
+    assert is_run_dir(older)
+    (tmp_path / "file").write_text("x")
+    assert "is not a folder" in (run_dir_problem(tmp_path / "file") or "")
