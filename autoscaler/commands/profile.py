@@ -206,6 +206,10 @@ def profile(
         problems.append(f"--open-requests: must be >= 100 (a p99 needs 100 samples), got {open_requests}")
     if not 0 <= refine <= 8:
         problems.append(f"--refine: must be within 0..8, got {refine}")
+    inputs = {models_yaml.resolve(): "MODELS", cluster_yaml.resolve(): "CLUSTER"}
+    for flag, path in (("--out", out), ("--plot", plot_path or out.with_suffix(".png"))):
+        if path.resolve() in inputs:  # the table would be written over the file it was read from
+            problems.append(f"{flag}: {path} is {inputs[path.resolve()]}; give another file, got {str(path)!r}")
     allowed = _allowed_profiles(models_cfg, cluster_cfg)
     wanted = [x.strip() for x in models.split(",") if x.strip()] or list(allowed)
     for name in wanted:

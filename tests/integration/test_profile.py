@@ -130,3 +130,14 @@ def test_profile_not_allowed_is_a_usage_error(tmp_path):
                        capture_output=True, text=True, check=False, timeout=60, cwd=tmp_path)
     assert p.returncode == 2
     assert "--profiles: '9g.99gb' is not allowed for resnet" in p.stderr
+
+
+def test_profile_never_writes_over_its_own_inputs(tmp_path):
+    models, cluster = write_configs(tmp_path, p99_ms=100)
+    before = models.read_text(), cluster.read_text()
+    for args, msg in ((["--out", str(models)], f"--out: {models} is MODELS"),
+                      (["--out", str(tmp_path / "cap.yaml"), "--plot", str(cluster)], f"--plot: {cluster} is CLUSTER")):
+        p = subprocess.run([MIGSCALE, "profile", str(models), str(cluster), *args],
+                           capture_output=True, text=True, check=False, timeout=60, cwd=tmp_path)
+        assert p.returncode == 2 and msg in p.stderr, p.stderr
+    assert (models.read_text(), cluster.read_text()) == before
