@@ -25,6 +25,7 @@ from rich.panel import Panel
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from autoscaler.act.local.pids import owned_folder_problem
 from autoscaler.config import ClusterConfig, ModelsConfig
 from autoscaler.loop import TickResult
 from autoscaler.policy.types import ActionKind
@@ -198,20 +199,16 @@ REPORT_MARKER = ".migscale-demo-report"
 _REPORT_FILES = ("demo-trace.csv", "locust-command.txt")
 
 
+def _is_report(results: Path) -> bool:
+    return (results / REPORT_MARKER).is_file() or all((results / f).is_file() for f in _REPORT_FILES)
+
+
 def results_problem(results: Path) -> str | None:
     """Why ``results`` must not be replaced, or None. The demo deletes the folder it writes
     to, so it replaces only a folder that is missing, empty or one of its own reports: a
     mistyped ``--results .`` must not take a working tree with it."""
-    if not results.exists():
-        return None
-    if not results.is_dir():
-        return f"--results: {results} exists and is not a folder; give a new folder or a demo report's, got {str(results)!r}"
-    if not any(results.iterdir()) or (results / REPORT_MARKER).is_file():
-        return None
-    if all((results / f).is_file() for f in _REPORT_FILES):
-        return None
-    return (f"--results: {results} holds files that are not a `migscale demo` report, and the demo replaces "
-            f"its folder; give a new or empty folder, got {str(results)!r}")
+    return owned_folder_problem(results, "--results", _is_report,
+                                "a `migscale demo` report, which the demo would replace")
 
 
 def run_demo(models_path: Path, models_cfg: ModelsConfig, cluster_cfg: ClusterConfig, results: Path, *,

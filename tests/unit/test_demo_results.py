@@ -24,10 +24,8 @@ def test_a_folder_that_is_not_a_report_is_refused_and_kept(tmp_path):
     assert sorted(p.name for p in work.iterdir()) == ["notes.txt"]
 
 
-def test_which_folders_may_be_replaced(tmp_path):
-    assert results_problem(tmp_path / "new") is None
-    (tmp_path / "empty").mkdir()
-    assert results_problem(tmp_path / "empty") is None
+def test_which_reports_may_be_replaced(tmp_path):
+    # missing, empty and non-folder paths: the shared rule (test_run_dir_guard.py)
     ours = tmp_path / "ours"
     ours.mkdir()
     (ours / REPORT_MARKER).write_text("")
@@ -38,6 +36,4 @@ def test_which_folders_may_be_replaced(tmp_path):
     for f in ("demo-trace.csv", "locust-command.txt", "summary.md"):
         (older / f).write_text("")
     assert results_problem(older) is None
-    (tmp_path / "file").write_text("x")
-    assert "is not a folder" in (results_problem(tmp_path / "file") or "")
     assert "not a `migscale demo` report" in (results_problem(ROOT) or "")

@@ -278,20 +278,25 @@ def is_run_dir(run_dir: str | os.PathLike) -> bool:
     return (rd / "controller.lock").is_file() and any((rd / p).exists() for p in _RUN_DIR_PARTS)
 
 
+def owned_folder_problem(path: Path, flag: str, ours: Callable[[Path], bool], what: str) -> str | None:
+    """Why a command that deletes in the folder ``path`` must not take it, or None: it takes
+    only a missing or empty folder, or one of its own (``ours``), so a mistyped ``flag`` loses
+    no file of the user's."""
+    if not path.exists():
+        return None
+    if not path.is_dir():
+        return f"{flag}: {path} exists and is not a folder, got {str(path)!r}"
+    if ours(path) or not any(path.iterdir()):
+        return None
+    return f"{flag}: {path} holds files and is not {what}; give a new or empty folder, got {str(path)!r}"
+
+
 def run_dir_problem(run_dir: str | os.PathLike) -> str | None:
     """Why ``run_dir`` must not become a run directory, or None. ``up`` deletes the records a
     previous controller left (``status.json``, ``pids.json``, ``controller.json``), names common
-    enough that a mistyped ``--run-dir`` would take a user's own; so it takes only a missing or
-    empty folder, or a run directory."""
-    rd = Path(run_dir)
-    if not rd.exists():
-        return None
-    if not rd.is_dir():
-        return f"--run-dir: {rd} exists and is not a folder, got {str(rd)!r}"
-    if is_run_dir(rd) or not any(rd.iterdir()):
-        return None
-    return (f"--run-dir: {rd} holds files and is not a migscale run directory (no {RUN_DIR_MARKER}); "
-            f"give a new or empty folder, got {str(rd)!r}")
+    enough to be a user's own."""
+    return owned_folder_problem(Path(run_dir), "--run-dir", is_run_dir,
+                                f"a migscale run directory (no {RUN_DIR_MARKER})")
 
 
 class RunDirLock:
