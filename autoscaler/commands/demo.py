@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -39,4 +40,13 @@ def register(app: typer.Typer) -> None:
         problems = preflight(models_cfg, cluster_cfg)
         if problems:
             fail([f"{models}: {p}" if p.startswith("models[") else f"{cluster}: {p}" for p in problems])
-        raise typer.Exit(run_demo(models, models_cfg, cluster_cfg, results, live=live, reaction_s=reaction_s))
+        def _terminate(signum: int, _frame: object) -> None:
+            # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C: everything started is stopped
+            raise SystemExit(128 + signum)
+
+        previous = signal.signal(signal.SIGTERM, _terminate)
+        try:
+            rc = run_demo(models, models_cfg, cluster_cfg, results, live=live, reaction_s=reaction_s)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        raise typer.Exit(rc)

@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 
+from autoscaler.act.local.procs import tied_command
 from autoscaler.commands._common import fail, load_models_or_exit
 from autoscaler.config.duration import parse_duration
 from autoscaler.runtime.loadtest import build_command, frontdoor_from_run_dir
@@ -103,7 +104,8 @@ def loadtest(
     typer.echo("+ " + shlex.join(cmd), err=True)
     try:
         # locust's own hard stop is --run-time; the extra minute covers start-up and --stop-timeout
-        rc = subprocess.call(cmd, timeout=duration_s + 60)
+        # tied to this process: a killed `migscale loadtest` takes its locust with it
+        rc = subprocess.call(tied_command(cmd), timeout=duration_s + 60)
     except subprocess.TimeoutExpired:
         typer.echo(f"migscale loadtest: locust did not exit within {duration_s + 60:.0f}s", err=True)
         rc = 1

@@ -26,6 +26,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from autoscaler.act.local.pids import owned_folder_problem
+from autoscaler.act.local.procs import spawn
 from autoscaler.config import ClusterConfig, ModelsConfig
 from autoscaler.loop import TickResult
 from autoscaler.policy.types import ActionKind
@@ -279,9 +280,10 @@ def run_demo(models_path: Path, models_cfg: ModelsConfig, cluster_cfg: ClusterCo
         (results / "locust-command.txt").write_text(" ".join(cmd) + "\n")
         rec = Recorder(ctl, script)
         ctl.on_result = rec.on_result
-        # The child gets its own copy of the log's descriptor; ours closes once it is started.
-        with open(results / "locust" / "locust.log", "wb") as locust_log:
-            locust = subprocess.Popen(cmd, stdout=locust_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # Started as every child of the local cluster is (act/local/procs.py): its own process
+        # group, SIGTERM when this process dies however it dies, marked with the run dir for
+        # `migscale down`; a demo killed mid-run leaves no load generator behind.
+        locust = spawn(cmd, log_path=results / "locust" / "locust.log", run_dir=run_dir)
         rec.t0 = time.time()
         progress = Progress(TextColumn("load"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
                             TimeRemainingColumn())

@@ -6,6 +6,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +96,41 @@ def _processes_under(folder: Path) -> list[int]:
         if cwd.startswith(root) or root in cmd:
             found.append(int(d))
     return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_demo_stopped_mid_run_leaves_nothing_running(tmp_path, sig):
+    # SIGTERM unwinds as Ctrl-C does (exit 143, everything stopped); SIGKILL runs no code of
+    # ours, and every child, the load generator included, dies with the process
+    models, cluster = _write(tmp_path, 2000.0)
+    results = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, "-m", "autoscaler", "demo", str(models), str(cluster),
+                             "--results", str(results), "--no-live"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any("locust" in _cmdline(p) for p in _processes_under(results)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the load never started"
+            time.sleep(0.5)
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == (143 if sig == signal.SIGTERM else -signal.SIGKILL), out[-2000:]
+        if sig == signal.SIGTERM:
+            assert "stopped everything the demo started" in out
+        deadline = time.monotonic() + 20  # SIGTERM from the kernel, then the children's own stop
+        while _processes_under(results) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _processes_under(results), [_cmdline(p) for p in _processes_under(results)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        subprocess.run([sys.executable, "-m", "autoscaler", "down", "--run-dir", str(results / "run")],
+                       capture_output=True, timeout=120, check=False)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
