@@ -9,7 +9,6 @@ met by no profile (the file is still written for the others).
 
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,6 +16,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 
+from autoscaler.act.local.pids import owned_tempdir
 from autoscaler.commands._common import fail, load_or_exit
 from autoscaler.runtime.profile import TritonMeasurer, plot
 from autoscaler.runtime.profile_sweep import (
@@ -237,8 +237,8 @@ def profile(
     rule = PointRule(point_s=point_s, min_requests=min_requests, warmup_s=warmup_s, open_requests=open_requests)
     started = time.perf_counter()
     tritonserver = getattr(getattr(cluster_cfg, "local", None), "tritonserver", None)
-    with tempfile.TemporaryDirectory(prefix="migscale-profile-") as tmp:
-        results = run_profile(models_cfg, cluster_cfg, plan, rule, max_concurrency, Path(tmp), tritonserver,
+    with owned_tempdir("migscale-profile-") as tmp:
+        results = run_profile(models_cfg, cluster_cfg, plan, rule, max_concurrency, tmp, tritonserver,
                               arrivals, refine)
     elapsed = time.perf_counter() - started
     doc = capacity_document(results)

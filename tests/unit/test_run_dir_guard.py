@@ -56,3 +56,30 @@ def test_what_counts_as_a_run_directory(tmp_path):
     assert is_run_dir(older)
     (tmp_path / "file").write_text("x")
     assert "is not a folder" in (run_dir_problem(tmp_path / "file") or "")
+
+
+def test_owned_tempdir_removes_what_a_killed_run_left_and_nothing_else(tmp_path, monkeypatch):
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from dataclasses import asdict
+
+    from autoscaler.act.local.pids import OWNER_FILE, ProcRecord, owned_tempdir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    dead = ProcRecord.of(gone.pid, "owner")
+    gone.kill()
+    gone.wait()
+    for name, owner in (("p-killed", dead), ("p-running", ProcRecord.of(os.getpid(), "owner")), ("p-foreign", None)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "replica.log").write_text("x" * 1000)
+        if owner is not None:
+            (tmp_path / name / OWNER_FILE).write_text(json.dumps(asdict(owner)))
+    with owned_tempdir("p-") as mine:
+        assert json.loads((mine / OWNER_FILE).read_text())["pid"] == os.getpid()
+        left = sorted(p.name for p in tmp_path.iterdir())
+    assert "p-killed" not in left and {"p-running", "p-foreign", mine.name} <= set(left)
+    assert not mine.exists()  # its own folder goes at the end

@@ -15,10 +15,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Self
@@ -86,6 +89,27 @@ class ProcRecord:
         # is what rules out a reused PID.
         prog = self.program or (os.path.basename(self.cmdline[0]) if self.cmdline else self.kind)
         return prog in " ".join(cmd)
+
+
+OWNER_FILE = "owner.json"
+
+
+@contextmanager
+def owned_tempdir(prefix: str) -> Iterator[Path]:
+    """A temporary folder recorded as this process's (``owner.json``), removed on exit. Before
+    it is made, folders of the same prefix whose recorded owner is gone -- a run killed with
+    ``kill -9`` never reaches its own cleanup -- are removed, so such kills cost no disk."""
+    base = Path(tempfile.gettempdir())
+    for old in base.glob(f"{prefix}*"):
+        try:
+            rec = ProcRecord(**json.loads((old / OWNER_FILE).read_text()))
+        except (OSError, ValueError, TypeError):
+            continue  # not one of ours, or still being made
+        if not rec.matches():
+            shutil.rmtree(old, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        write_json_atomic(Path(tmp) / OWNER_FILE, asdict(ProcRecord.of(os.getpid(), "owner")))
+        yield Path(tmp)
 
 
 class PidRegistry:
