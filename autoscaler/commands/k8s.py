@@ -17,7 +17,7 @@ import yaml
 
 from autoscaler.act.kubernetes.config import mig_configs, render_config
 from autoscaler.act.kubernetes.migparted import mig_parted_configmap
-from autoscaler.act.kubernetes.render import min_replicas_desired, render_all
+from autoscaler.act.kubernetes.render import image_problem, min_replicas_desired, render_all
 from autoscaler.commands._common import fail, load_or_exit
 from autoscaler.commands.migmodel import render_migmodels
 from autoscaler.config import ClusterConfig, ConfigError, initial_cluster_state, load_demand, model_specs
@@ -80,6 +80,8 @@ def render(
         except ConfigError as exc:
             fail(exc.problems)
     desired = planned_desired(specs, rps, cluster_cfg)
+    if (bad := image_problem(image)) is not None:
+        fail([f"--image: {bad}"])
     cfg = render_config(cluster_cfg, image=image)
     objs = render_all(specs, desired, cfg)
     entries = mig_configs(cluster_cfg)

@@ -214,3 +214,17 @@ def test_render_command_bad_demand_exits_2(tmp_path):
     assert res.exit_code == 2
     assert "resnet" in res.output and "-5" in res.output and "nosuch" in res.output
     assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("image, ok", [
+    ("nvcr.io/nvidia/tritonserver:24.10-py3", True), ("localhost:5000/team/triton:v2", True),
+    ("triton@sha256:" + "a" * 64, True), ("bad image", False), ("nvcr.io/nvidia/tritonserver:", False),
+    ("nvcr.io/Nvidia/Triton:1", False), ("triton:" + "t" * 129, False),
+])
+def test_render_refuses_an_image_the_kubelet_would_refuse(image, ok):
+    # the kubelet reports InvalidImageName only once the pods exist; render says so at once
+    res = CliRunner().invoke(app, ["render", str(EX / "models.yaml"), str(EX / "cluster.yaml"), "--image", image])
+    if ok:
+        assert res.exit_code == 0 and f"image: {image}" in res.output, res.output[-500:]
+    else:
+        assert res.exit_code == 2 and "--image: not an image reference" in res.output and repr(image) in res.output

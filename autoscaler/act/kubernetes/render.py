@@ -21,6 +21,7 @@ the workload; the backend keeps the live value on every later update.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +84,26 @@ class OwnerRef:
             out["controller"] = True
         out["blockOwnerDeletion"] = False
         return out
+
+
+# A container image reference as the registry's reference grammar has it
+# (github.com/distribution/reference: [domain[:port]/]path[:tag][@digest], the path lowercase);
+# the kubelet refuses anything else with InvalidImageName, long after the objects were applied.
+_IMAGE = re.compile(
+    r"^(?:(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])(?:\.(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9]))*"
+    r"(?::[0-9]+)?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+
+
+def image_problem(ref: str) -> str | None:
+    """Why ``ref`` is not a container image reference, or None."""
+    if len(ref) > 255 or not _IMAGE.match(ref):
+        return (f"not an image reference ([registry/]name[:tag][@digest], the name in lowercase), "
+                f"got {ref!r}")
+    return None
 
 
 @dataclass(frozen=True)
