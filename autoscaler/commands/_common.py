@@ -34,6 +34,21 @@ if TYPE_CHECKING:
 EXIT_USAGE = 2  # bad input: config, arguments (the same status click uses for usage errors)
 
 
+def url_problem(flag: str, value: str | None) -> str | None:
+    """Why ``value`` is not an http(s) URL with a host, or None (also for no value)."""
+    if value is None:
+        return None
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        ok = False
+    return None if ok else f"{flag}: an http:// or https:// URL with a host, got {value!r}"
+
+
 class _OneLine(logging.Formatter):
     """A failure as one line (its exception's type and message), for a terminal where the
     command also prints the failure in its own output."""

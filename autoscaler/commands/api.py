@@ -25,7 +25,7 @@ from typing import Annotated, Any
 
 import typer
 
-from autoscaler.commands._common import fail, load_or_exit, log_to_stderr
+from autoscaler.commands._common import fail, load_or_exit, log_to_stderr, url_problem
 
 EXAMPLE = """
 
@@ -219,6 +219,8 @@ def register(app: typer.Typer) -> None:
                    "(and --client-ca for the aggregator's client certificate), or --insecure-http")])
         elif names:
             fail([f"--requestheader-allowed-names: needs --client-ca and TLS, got {allowed_names!r}"])
+        if (bad := url_problem("--prometheus", prometheus)) is not None:
+            fail([bad])
         models_cfg, cluster_cfg = load_or_exit(models, cluster)
         log_to_stderr()
         state = ApiState(namespace=cluster_cfg.namespace)
@@ -230,7 +232,9 @@ def register(app: typer.Typer) -> None:
         if prometheus:
             _feeder(state, models_cfg, cluster_cfg, prometheus, inventory, stop)
         else:
-            typer.echo("migscale api: no --prometheus: serving config-derived values only", err=True)
+            typer.echo("migscale api: no --prometheus: serving config-derived values only"
+                       + (" (--inventory kubernetes is read only with it)" if inventory == "kubernetes" else ""),
+                       err=True)
         scheme = "https" if tls else "http"
         typer.echo(f"migscale api: serving {scheme}://{host}:{port} (namespace {cluster_cfg.namespace})", err=True)
         try:

@@ -25,7 +25,7 @@ from typing import Annotated, Any
 
 import typer
 
-from autoscaler.commands._common import fail, load_or_exit, log_to_stderr
+from autoscaler.commands._common import fail, load_or_exit, log_to_stderr, url_problem
 
 # validate_pair's checks that model_dir exists on disk: on Kubernetes the model
 # repository is a volume of the Triton pods (k8s_render: --model-repository=/models),
@@ -296,8 +296,10 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
     ) -> None:
-        if fast_scrape_proxy is not None and not fast_scrape_proxy.startswith(("http://", "https://")):
-            fail([f"--fast-scrape-proxy: an http:// or https:// URL, got {fast_scrape_proxy!r}"])
+        problems = [p for p in (url_problem("--fast-scrape-proxy", fast_scrape_proxy),
+                                url_problem("--prometheus", prometheus), url_problem("--kube-host", kube_host)) if p]
+        if problems:
+            fail(problems)
         if backend != "kubernetes":
             fail([f"--backend: must be kubernetes (the local backend is `migscale up`), got {backend!r}"])
         if client_ca_from_cluster and client_ca:

@@ -318,7 +318,11 @@ def test_cli_refuses_plain_http_without_insecure_flag(configs):
             ["--insecure-http", "--requestheader-allowed-names", "front-proxy-client"],
             "--requestheader-allowed-names: needs --client-ca",
         ),
-        (["--fast-scrape-proxy", "10.0.0.1:3128"], "--fast-scrape-proxy: an http:// or https:// URL, got '10.0.0.1:3128'"),
+        (["--fast-scrape-proxy", "10.0.0.1:3128"],
+         "--fast-scrape-proxy: an http:// or https:// URL with a host, got '10.0.0.1:3128'"),
+        (["--prometheus", "prometheus-k8s:9090"], "--prometheus: an http:// or https:// URL with a host, got "),
+        (["--prometheus", "http://"], "--prometheus: an http:// or https:// URL with a host, got 'http://'"),
+        (["--kube-host", "https://api:port"], "--kube-host: an http:// or https:// URL with a host, got "),
     ],
 )
 def test_cli_bad_options_exit_2_naming_the_option(configs, args, message):

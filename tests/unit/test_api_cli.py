@@ -42,6 +42,12 @@ def test_allowed_names_need_tls():
     assert r.exit_code == 2 and "--requestheader-allowed-names" in r.output
 
 
+def test_prometheus_must_be_a_url():
+    # a bare host:port would fail every query, each tick, with nothing said at start-up
+    r = runner.invoke(app, ["api", MODELS, CLUSTER, "--insecure-http", "--prometheus", "prometheus:9090"])
+    assert r.exit_code == 2 and "--prometheus: an http:// or https:// URL with a host, got 'prometheus:9090'" in r.output
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
