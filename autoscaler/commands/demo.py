@@ -40,6 +40,7 @@ def register(app: typer.Typer) -> None:
         problems = preflight(models_cfg, cluster_cfg)
         if problems:
             fail([f"{models}: {p}" if p.startswith("models[") else f"{cluster}: {p}" for p in problems])
+
         def _terminate(signum: int, _frame: object) -> None:
             # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C: everything started is stopped
             raise SystemExit(128 + signum)

@@ -19,7 +19,7 @@ import typer
 from autoscaler.act.local.procs import tied_command
 from autoscaler.commands._common import fail, load_models_or_exit
 from autoscaler.config.duration import parse_duration
-from autoscaler.runtime.loadtest import build_command, frontdoor_from_run_dir
+from autoscaler.runtime.loadtest import build_command, frontdoor_from_run_dir, host_problem
 
 
 def loadtest(
@@ -92,6 +92,8 @@ def loadtest(
                             "(start one with `migscale up`, or pass --host http://HOST:PORT)")
         elif protocol == "grpc":
             problems.append("--host: the local front door speaks HTTP; pass --host HOST:GRPCPORT for gRPC")
+    if host is not None and not problems and (why := host_problem(host)) is not None:
+        problems.append(f"--host: {why}, got {host!r}")
     if problems:
         fail(problems)
     results.mkdir(parents=True, exist_ok=True)

@@ -8,11 +8,32 @@ and where the local cluster's front door is.
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtests" / "locustfile.py"
+
+def host_problem(host: str, timeout_s: float = 3.0) -> str | None:
+    """Why nothing could take the load test's requests at ``host`` (``http://HOST:PORT`` or
+    ``HOST:PORT``), or None once a TCP connection opens there. A load test at an address where
+    nothing listens would run its whole duration to report 100% errors."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(host if "://" in host else f"tcp://{host}")
+        name, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        return f"not HOST:PORT or http(s)://HOST:PORT ({exc})"
+    if not name:
+        return "not HOST:PORT or http(s)://HOST:PORT"
+    try:
+        socket.create_connection((name, port), timeout=timeout_s).close()
+    except OSError as exc:
+        return f"nothing answers at {name}:{port} ({exc.strerror or type(exc).__name__})"
+    return None
+
 
 def locust_binary() -> str:
     """locust from the same virtualenv as this interpreter (the one that has tritonclient)."""

@@ -170,3 +170,28 @@ def test_loadtest_command_bad_input_exits_2_without_running_locust(tmp_path):
                               "--results", str(tmp_path / "res")])
     assert res.exit_code == 2 and "--shape: must be one of" in res.output
     assert not (tmp_path / "res").exists()  # rejected before anything was started or written
+
+
+def test_loadtest_refuses_a_host_where_nothing_listens(tmp_path):
+    # it would run its whole duration and report 100% errors; now it says so at once
+    import socket
+
+    from typer.testing import CliRunner
+
+    from autoscaler.cli import app
+    from autoscaler.runtime.loadtest import host_problem
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert host_problem(f"127.0.0.1:{port}") is None and host_problem(f"http://127.0.0.1:{port}") is None
+    # the port is closed again: nothing listens there
+    models = tmp_path / "models.yaml"
+    models.write_text("models:\n  - {name: resnet, model_dir: r, slo: {p99_ms: 50}}\n")
+    res = CliRunner().invoke(app, ["loadtest", str(models), "--host", f"http://127.0.0.1:{port}", "--duration", "60s",
+                                   "--results", str(tmp_path / "out")])
+    assert res.exit_code == 2
+    assert f"--host: nothing answers at 127.0.0.1:{port} (Connection refused), got 'http://127.0.0.1:{port}'" in res.output
+    assert not (tmp_path / "out").exists()  # nothing started, nothing written
+    assert "not HOST:PORT" in (host_problem("http://") or "")
