@@ -8,12 +8,16 @@ reconfigurations, recovery time. Bad input exits 2, never a traceback.
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated
 
 import typer
 
 from autoscaler.commands._common import fail, load_cluster_or_exit, load_models_or_exit
 from autoscaler.config import ConfigError
+
+MAX_STEP_S = 60.0
+MAX_STEPS = 1_000_000  # a month's trace at 2.7 s; the default 5 s step takes a month in 536,000
 
 
 def simulate(
@@ -25,7 +29,7 @@ def simulate(
     = "migscale",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     plot: Annotated[str | None, typer.Option("--plot", help="write a PNG: demand vs capacity, GPUs, p99/SLO")] = None,
-    step_s: Annotated[float, typer.Option("--step-s", help="fluid integration step, seconds")] = 5.0,
+    step_s: Annotated[float, typer.Option("--step-s", help="fluid integration step, seconds (at most 60)")] = 5.0,
     start_delay_s: Annotated[float, typer.Option("--start-delay-s", help="replica start time (30 k8s, 2 local)")]
     = 30.0,
     repartition_delay_s: Annotated[float, typer.Option("--repartition-delay-s")] = 180.0,
@@ -54,6 +58,19 @@ def simulate(
         tr = read_csv(trace)
     except TraceError as exc:
         fail(exc.problems)
+    # A step longer than a minute skips replica starts and decisions (nonsense figures); one so
+    # short that the run takes millions of steps would run for hours: both are typing errors.
+    bounds = []
+    if not (math.isfinite(step_s) and 0 < step_s <= MAX_STEP_S):
+        bounds.append(f"--step-s: must be > 0 and at most {MAX_STEP_S:g} s, got {step_s!r}")
+    elif (warmup_s + tr.duration_s) / step_s > MAX_STEPS:
+        bounds.append(f"--step-s: {warmup_s + tr.duration_s:g} s of warm-up and trace in steps of {step_s:g} s "
+                      f"is over {MAX_STEPS} steps; a step of at least {(warmup_s + tr.duration_s) / MAX_STEPS:.3g} s, "
+                      f"got {step_s!r}")
+    if not (math.isfinite(warmup_s) and warmup_s >= 0):
+        bounds.append(f"--warmup-s: must be >= 0, got {warmup_s!r}")
+    if bounds:
+        fail(bounds)
     # one models.yaml serves the cluster and the simulator: a trace recorded on it may hold
     # multinode models, whose groups the simulator does not model; leave them out, and say so
     unmodelled = [m.name for m in models_cfg.models if m.backend != "mig" and m.name in tr.models]

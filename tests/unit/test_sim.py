@@ -591,6 +591,22 @@ def test_cli_simulate_json_and_plot(tmp_path):
     assert row.split()[-2:] == [name, f"{pct * 100:.2f}%"]
 
 
+def test_cli_simulate_bounds_the_step_and_warm_up(tmp_path):
+    # a step of 0.0001 s ran for hours; one of 100,000 s gave figures from skipped starts
+    import yaml
+
+    (tmp_path / "models.yaml").write_text(yaml.safe_dump({"models": sc.fleet(1)}))
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(sc.cluster(1)))
+    name = sc.fleet(1)[0]["name"]
+    (tmp_path / "t.csv").write_text(f"t_s,model,rps\n0,{name},5\n3540,{name},5\n")
+    args = [str(tmp_path / "models.yaml"), str(tmp_path / "cluster.yaml"), str(tmp_path / "t.csv")]
+    for extra, msg in ((["--step-s", "0.0001"], "--step-s: 8880 s of warm-up and trace in steps of 0.0001 s is over"),
+                       (["--step-s", "100000"], "--step-s: must be > 0 and at most 60 s, got 100000.0"),
+                       (["--warmup-s", "-1"], "--warmup-s: must be >= 0, got -1.0")):
+        res = CliRunner().invoke(app, ["simulate", *args, *extra])
+        assert res.exit_code == 2 and msg in res.output, res.output
+
+
 def test_cli_simulate_bad_input_exits_2(tmp_path):
     import yaml
 
