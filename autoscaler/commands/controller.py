@@ -26,6 +26,7 @@ from typing import Annotated, Any
 import typer
 
 from autoscaler.commands._common import fail, load_or_exit, log_to_stderr, url_problem
+from autoscaler.commands._tls import cluster_client_ca, tls_or_exit
 
 # validate_pair's checks that model_dir exists on disk: on Kubernetes the model
 # repository is a volume of the Triton pods (k8s_render: --model-repository=/models),
@@ -51,104 +52,6 @@ writes nothing (prints the decision as JSON, serves nothing):
   migscale controller examples/models.yaml examples/cluster.yaml \\
       --once --dry-run --prometheus http://127.0.0.1:9090
 """
-
-
-def _tls_or_exit(
-    tls_cert: str | None,
-    tls_key: str | None,
-    client_ca: str | None,
-    allowed_names: str | None,
-    insecure_http: bool,
-    serving: bool,
-    strict_client_auth: bool = False,
-    client_ca_from_cluster: bool = False,
-) -> Any:
-    """TlsSettings, None for plain HTTP (only with --insecure-http), or exit 2.
-
-    ``client_ca_from_cluster``: the client CA is read from the cluster later, so allowed
-    names given without --client-ca are not an error."""
-    from autoscaler.api.tls import PROBE_PATHS, TlsConfigError, TlsSettings
-
-    names = tuple(n.strip() for n in (allowed_names or "").split(",") if n.strip())
-    if tls_cert or tls_key or client_ca:
-        if not (tls_cert and tls_key):
-            which = "--tls-key" if tls_cert else "--tls-cert"
-            fail([f"{which}: required together with --tls-cert/--tls-key, got nothing"])
-        # the kubelet's probes carry no client certificate: /healthz and /readyz stay open
-        open_paths = () if strict_client_auth else PROBE_PATHS
-        tls = TlsSettings(tls_cert, tls_key, client_ca, names, open_paths=open_paths)  # type: ignore[arg-type]
-        try:
-            tls.check(client_ca_to_come=client_ca_from_cluster)
-        except TlsConfigError as exc:
-            fail([str(exc)])
-        return tls
-    if names:
-        fail([f"--requestheader-allowed-names: needs --client-ca and TLS, got {allowed_names!r}"])
-    if serving and not insecure_http:
-        fail(
-            [
-                (
-                    "migscale controller: refusing to serve the metrics API without TLS: give --tls-cert and "
-                    "--tls-key (and --client-ca or --client-ca-from-cluster for the aggregator's client "
-                    "certificate), or --insecure-http"
-                )
-            ]
-        )
-    return None
-
-
-AUTH_CM = ("kube-system", "extension-apiserver-authentication")
-
-
-def cluster_client_ca(rest: Any, tls: Any) -> Any:
-    """``tls`` with the aggregator's client CA (and allowed names) read from the cluster, or exit 2.
-
-    The API server publishes its front-proxy CA in the ConfigMap
-    kube-system/extension-apiserver-authentication (key
-    ``requestheader-client-ca-file``, with ``requestheader-allowed-names`` as a
-    JSON list); k8s/base grants read on it. It cannot be mounted into a pod of
-    another namespace, so the server keeps it in memory (``client_ca_pem``): no file
-    of it outlives the process, even one killed by SIGKILL. Explicit
-    ``--requestheader-allowed-names`` win over the ConfigMap's.
-    """
-    import dataclasses
-
-    from autoscaler.act.kubernetes.client import KubeError
-    from autoscaler.api.tls import TlsConfigError
-
-    where = f"{AUTH_CM[0]}/{AUTH_CM[1]}"
-    try:
-        cm = rest.get("v1", "ConfigMap", *AUTH_CM)
-    except KubeError as exc:
-        fail([f"--client-ca-from-cluster: cannot read ConfigMap {where}: {exc}"])
-    data = (cm or {}).get("data") or {}
-    pem = data.get("requestheader-client-ca-file")
-    if not pem:
-        fail(
-            [
-                (
-                    f"--client-ca-from-cluster: ConfigMap {where} has no requestheader-client-ca-file "
-                    f"(is the aggregation layer enabled?), got keys {sorted(data)!r}"
-                )
-            ]
-        )
-    names = tls.allowed_names
-    if not names:
-        raw = data.get("requestheader-allowed-names") or "[]"
-        try:
-            names = tuple(str(n) for n in json.loads(raw))
-        except (ValueError, TypeError):
-            fail(
-                [
-                    f"--client-ca-from-cluster: requestheader-allowed-names in {where} is not a JSON list, got {raw!r}"
-                ]
-            )
-    out = dataclasses.replace(tls, client_ca_pem=pem, allowed_names=names)
-    try:
-        out.server_context()  # what the server will load, loaded now
-    except TlsConfigError as exc:
-        fail([f"--client-ca-from-cluster: requestheader-client-ca-file in {where} is not a PEM CA certificate: {exc}"])
-    return out
 
 
 def register(app: typer.Typer) -> None:
@@ -308,7 +211,7 @@ def register(app: typer.Typer) -> None:
             )
         if client_ca_from_cluster and not (tls_cert and tls_key):
             fail(["--client-ca-from-cluster: needs --tls-cert and --tls-key, got neither"])
-        tls = _tls_or_exit(
+        tls = tls_or_exit(
             tls_cert,
             tls_key,
             client_ca,

@@ -519,7 +519,7 @@ def test_metrics_api_over_tls_with_the_aggregator_client_certificate(make_contro
 
     import trustme
 
-    from autoscaler.commands.controller import _tls_or_exit
+    from autoscaler.commands._tls import tls_or_exit as _tls_or_exit
 
     ca = trustme.CA()
     server = ca.issue_cert("127.0.0.1")
@@ -560,7 +560,7 @@ def test_client_ca_from_the_cluster_admits_only_the_front_proxy(fake, connect, m
     import ssl
 
     from autoscaler.api.tls import TlsSettings
-    from autoscaler.commands.controller import cluster_client_ca
+    from autoscaler.commands._tls import cluster_client_ca
 
     ca = _front_proxy_ca(fake, tmp_path, {"requestheader-allowed-names": '["front-proxy-client"]'})
     tls = cluster_client_ca(connect(), TlsSettings(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key")))
@@ -586,7 +586,7 @@ def test_client_ca_from_the_cluster_missing_exits_2(fake, connect, capsys):
     import typer
 
     from autoscaler.api.tls import TlsSettings
-    from autoscaler.commands.controller import cluster_client_ca
+    from autoscaler.commands._tls import cluster_client_ca
 
     with pytest.raises(typer.Exit) as exc:
         cluster_client_ca(connect(), TlsSettings("tls.crt", "tls.key"))
@@ -727,7 +727,8 @@ def test_client_ca_from_the_cluster_takes_explicit_names_and_refuses_a_ca_that_i
                                                                                          capsys):
     import typer
 
-    from autoscaler.commands.controller import _tls_or_exit, cluster_client_ca
+    from autoscaler.commands._tls import cluster_client_ca
+    from autoscaler.commands._tls import tls_or_exit as _tls_or_exit
 
     _front_proxy_ca(fake, tmp_path, {"requestheader-allowed-names": '["front-proxy-client"]'})
     # the names given on the command line, before the CA is read, win over the ConfigMap's
