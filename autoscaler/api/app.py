@@ -124,7 +124,7 @@ def create_app(state: ApiState, settings: ApiSettings | None = None) -> FastAPI:
 
     @app.get("/v1/status", tags=["migscale"], operation_id="status",
              responses={200: {"description": "the controller's status (same JSON as `migscale status --json`),"
-                              " null before the first tick",
+                              " null before the first tick, and always under `migscale api` (it runs no replicas)",
                               "content": {"application/json": {"schema": {}}}}})
     def _status() -> Response:
         return _json(state.snapshot.status_body)

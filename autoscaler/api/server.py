@@ -5,6 +5,13 @@ itself before starting uvicorn, so ``port=0`` works and ``handle.url`` is
 known the moment it returns; ``handle.stop()`` asks uvicorn to exit and
 joins the thread. With :class:`~autoscaler.api.tls.TlsSettings` it serves
 HTTPS and (with a client CA) requires client certificates.
+
+Requests that never reach the app are answered here, as a Kubernetes Status
+too (:class:`ApiProtocol`): a request the HTTP parser refuses gets 400, and
+a request head (request line and headers) over :data:`MAX_HEAD_BYTES` gets
+431 before more of it is buffered -- the parser sets no limit of its own, and
+``/healthz`` and ``/readyz`` answer clients without a certificate. WebSocket
+upgrades are not served (no endpoint speaks it): such a request is plain HTTP.
 """
 
 from __future__ import annotations
@@ -13,10 +20,12 @@ import asyncio
 import socket
 import threading
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 import uvicorn
 
+from autoscaler.api.errors import status_body
 from autoscaler.api.tls import ClientAuthMiddleware, PeerCertProtocol, TlsSettings
 
 try:
@@ -25,6 +34,52 @@ try:
     LOOP = "uvloop"
 except ImportError:  # pragma: no cover - only without uvloop
     LOOP = "asyncio"
+
+
+# Go's net/http default (http.DefaultMaxHeaderBytes), which the Kubernetes API server keeps
+MAX_HEAD_BYTES = 1 << 20
+
+
+class ApiProtocol(PeerCertProtocol):  # type: ignore[misc, valid-type]
+    """uvicorn's HTTP protocol with a capped request head and Status bodies for its own errors."""
+
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_bytes: int | None = 0  # bytes of the current request head so far; None once it is complete
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_bytes is not None:
+            # counted before parsing, a whole read at a time: a head is refused within one read of the cap
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._head_bytes = None
+                self._refuse(431, "RequestHeaderFieldsTooLarge",
+                             f"the request line and headers exceed {MAX_HEAD_BYTES} bytes")
+                return
+        super().data_received(data)
+
+    def on_headers_complete(self) -> None:
+        self._head_bytes = None
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._head_bytes = 0  # the next request on this connection starts its own head
+
+    def _unsupported_upgrade_warning(self) -> None:
+        """Silent: an ``Upgrade`` header is ignored by design (``ws="none"``), not a fault to log per request."""
+
+    def send_400_response(self, msg: str) -> None:
+        self._refuse(400, "BadRequest", f"not a valid HTTP/1.1 request: {msg.rstrip('.')}")
+
+    def _refuse(self, code: int, reason: str, message: str) -> None:
+        from autoscaler.api.state import dumps
+
+        body = dumps(status_body(code, message, reason))
+        head = (f"HTTP/1.1 {code} {HTTPStatus(code).phrase}\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
+        self.transport.write(head.encode("ascii") + body)
+        self.transport.close()
 
 
 def uvicorn_config(app: Any, *, tls: TlsSettings | None = None, log_level: str = "warning",
@@ -36,7 +91,8 @@ def uvicorn_config(app: Any, *, tls: TlsSettings | None = None, log_level: str =
     extra = tls.uvicorn_kwargs() if tls is not None else {}
     return uvicorn.Config(
         asgi,
-        http=PeerCertProtocol,
+        http=ApiProtocol,
+        ws="none",
         loop=LOOP,
         lifespan="off",
         log_level=log_level,

@@ -72,6 +72,17 @@ def test_no_client_certificate_is_rejected(server, pki):
         assert c.get(server.url + "/readyz").status_code == 200
 
 
+def test_a_client_without_a_certificate_cannot_make_the_server_buffer_a_huge_head(server, pki):
+    # the probe paths are open to anyone who reaches the port: their request head is capped too
+    from autoscaler.api.server import MAX_HEAD_BYTES
+
+    with httpx.Client(verify=_client_ctx(pki), timeout=10) as c:
+        r = c.get(server.url + "/healthz", headers={"X-Pad": "a" * (2 * MAX_HEAD_BYTES)})
+        assert r.status_code == 431
+        assert r.json()["kind"] == "Status" and r.json()["code"] == 431
+        assert c.get(server.url + "/healthz").status_code == 200
+
+
 def test_strict_mode_refuses_at_the_handshake(pki):
     d = pki["dir"]
     tls = TlsSettings(str(d / "server.crt"), str(d / "server.key"), str(d / "ca.crt"), open_paths=())
