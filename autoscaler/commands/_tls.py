@@ -1,6 +1,6 @@
-"""The controller's TLS options: the serving certificate and the aggregator's client CA.
+"""The TLS options of ``migscale controller`` and ``migscale api``: the serving certificate and the aggregator's client CA.
 
-Part of the command-line edge of ``migscale controller``: ``tls_or_exit`` turns
+Part of the command-line edge of both commands: ``tls_or_exit`` turns
 ``--tls-cert``/``--tls-key``/``--client-ca``/``--requestheader-allowed-names``
 into ``TlsSettings`` (or plain HTTP with ``--insecure-http``), and
 ``cluster_client_ca`` reads the client CA the API server publishes
@@ -25,6 +25,8 @@ def tls_or_exit(
     serving: bool,
     strict_client_auth: bool = False,
     client_ca_from_cluster: bool = False,
+    command: str = "migscale controller",
+    ca_options: str = "--client-ca or --client-ca-from-cluster",
 ) -> Any:
     """TlsSettings, None for plain HTTP (only with --insecure-http), or exit 2.
 
@@ -51,9 +53,8 @@ def tls_or_exit(
         fail(
             [
                 (
-                    "migscale controller: refusing to serve the metrics API without TLS: give --tls-cert and "
-                    "--tls-key (and --client-ca or --client-ca-from-cluster for the aggregator's client "
-                    "certificate), or --insecure-http"
+                    f"{command}: refusing to serve the metrics API without TLS: give --tls-cert and "
+                    f"--tls-key (and {ca_options} for the aggregator's client certificate), or --insecure-http"
                 )
             ]
         )

@@ -195,30 +195,15 @@ def register(app: typer.Typer) -> None:
         )] = None,
         inventory: Annotated[str, typer.Option(help="cluster state from: kubernetes | config")] = "config",
     ) -> None:
-        from autoscaler.api import ApiState, TlsSettings, create_app
+        from autoscaler.api import ApiState, create_app
         from autoscaler.api.server import serve_forever
-        from autoscaler.api.tls import PROBE_PATHS, TlsConfigError
+        from autoscaler.commands._tls import tls_or_exit
         from autoscaler.config import initial_cluster_state, model_specs
 
         if inventory not in ("kubernetes", "config"):
             fail([f"--inventory: must be kubernetes or config, got {inventory!r}"])
-        names = tuple(n.strip() for n in (allowed_names or "").split(",") if n.strip())
-        tls = None
-        if tls_cert or tls_key or client_ca:
-            if not (tls_cert and tls_key):
-                which = "--tls-key" if tls_cert else "--tls-cert"
-                fail([f"{which}: required together with --tls-cert/--tls-key, got nothing"])
-            tls = TlsSettings(tls_cert, tls_key, client_ca, names,  # type: ignore[arg-type]
-                              open_paths=() if strict_client_auth else PROBE_PATHS)
-            try:
-                tls.check()
-            except TlsConfigError as exc:
-                fail([str(exc)])
-        elif not insecure_http:
-            fail([("migscale api: refusing to serve without TLS: give --tls-cert and --tls-key "
-                   "(and --client-ca for the aggregator's client certificate), or --insecure-http")])
-        elif names:
-            fail([f"--requestheader-allowed-names: needs --client-ca and TLS, got {allowed_names!r}"])
+        tls = tls_or_exit(tls_cert, tls_key, client_ca, allowed_names, insecure_http, serving=True,
+                          strict_client_auth=strict_client_auth, command="migscale api", ca_options="--client-ca")
         if (bad := url_problem("--prometheus", prometheus)) is not None:
             fail([bad])
         models_cfg, cluster_cfg = load_or_exit(models, cluster)

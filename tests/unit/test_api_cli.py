@@ -24,7 +24,7 @@ runner = CliRunner()
 def test_refuses_without_tls():
     r = runner.invoke(app, ["api", MODELS, CLUSTER])
     assert r.exit_code == 2
-    assert "refusing to serve without TLS" in r.output and "--insecure-http" in r.output
+    assert "migscale api: refusing to serve the metrics API without TLS" in r.output and "--insecure-http" in r.output
 
 
 def test_missing_key_file_names_the_option(tmp_path):
