@@ -99,23 +99,24 @@ def models_from_document(doc: Any, base_dir: Path, where: str) -> ModelsConfig:
         raise ConfigError([f"{where}: {p}" for p in exc.problems]) from None
 
 
-def check(models: ModelsConfig, cluster: ClusterConfig, where: str) -> list[str]:
-    """What ``migscale up`` would refuse about ``models`` on this cluster: the pair, then the model dirs."""
+def check(models: ModelsConfig, cluster: ClusterConfig, where: str) -> tuple[list[str], dict[str, ModelRuntime]]:
+    """(what ``migscale up`` would refuse about ``models`` on this cluster, the runtimes
+    they resolve to): the pair, then the model dirs; no runtimes when either is refused."""
     problems = [f"{where}: {p}" for p in validate_pair(models, cluster)]
-    if not problems:
-        try:
-            model_runtimes(models)
-        except SetupError as exc:
-            problems.append(f"{where}: {exc}")
-    return problems
+    if problems:
+        return problems, {}
+    try:
+        return [], model_runtimes(models)
+    except SetupError as exc:
+        return [f"{where}: {exc}"], {}
 
 
-def runtime_changes(running: Mapping[str, ModelRuntime], models: ModelsConfig) -> list[str]:
-    """Why ``models`` cannot be taken live: each model that keeps its name but would run
-    something else than its replicas run now (``running``: the runtimes of the models that
-    have a replica, removed models still draining included)."""
+def runtime_changes(running: Mapping[str, ModelRuntime], models: ModelsConfig,
+                    new: Mapping[str, ModelRuntime]) -> list[str]:
+    """Why ``models`` (resolving to ``new``) cannot be taken live: each model that keeps its
+    name but would run something else than its replicas run now (``running``: the runtimes
+    of the models that have a replica, removed models still draining included)."""
     out = []
-    new = model_runtimes(models)
     for i, m in enumerate(models.models):
         old, now = running.get(m.name), new[m.name]
         if old is None or old == now:
@@ -151,7 +152,7 @@ def submit(run_dir: Path, models_path: Path, cluster: ClusterConfig) -> int:
     raise ConfigError, handing nothing over, if it is invalid."""
     doc = load_yaml(models_path)  # ConfigError on unreadable or malformed YAML, naming the file
     models = models_from_document(doc, models_path.resolve().parent, str(models_path))
-    problems = check(models, cluster, str(models_path))
+    problems, _ = check(models, cluster, str(models_path))
     if problems:
         raise ConfigError(problems)
     with open(run_dir / LOCK, "a") as lock:
@@ -205,29 +206,29 @@ class LiveModels:
         where = str(data.get("source") or self.path)
         try:
             models = models_from_document(data.get("models"), Path(str(data.get("base_dir") or ".")), where)
-            problems = check(models, self.ctl.cluster_cfg, where)
+            problems, runtimes = check(models, self.ctl.cluster_cfg, where)
             if not problems:
                 with self.cluster._lock:  # a model with no replica left may change anything
                     serving = {r.model for r in self.cluster.replicas()}
                     running = {n: rt for n, rt in self.cluster.models.items() if n in serving}
-                problems = [f"{where}: {p}" for p in runtime_changes(running, models)]
+                problems = [f"{where}: {p}" for p in runtime_changes(running, models, runtimes)]
             if problems:
                 raise ConfigError(problems)
         except ConfigError as exc:
             self.refused, self.error = generation, "; ".join(exc.problems)
             self.say(f"config generation {generation} refused, generation {self.generation} stays: {self.error}")
             return None
-        change = self.swap(models, generation)
+        change = self.swap(models, generation, runtimes)
         self.retire()
         self.say(f"config {change.summary()}")
         return change
 
-    def swap(self, models: ModelsConfig, generation: int) -> Change:
+    def swap(self, models: ModelsConfig, generation: int, runtimes: Mapping[str, ModelRuntime]) -> Change:
+        """Put ``models`` (checked, resolving to ``runtimes``) in force as ``generation``."""
         ctl = self.ctl
         change = diff(ctl.models_cfg, models, generation)
         specs = model_specs(models, ctl.cluster_cfg)
         slo = {m.name: float(m.slo.p99_ms) for m in models.models}
-        runtimes = model_runtimes(models)
         ctl.models_cfg, ctl.specs, ctl.slo_p99_ms = models, specs, slo
         ctl.policy = replace(ctl.policy, models=tuple(specs), slo_p99_ms=slo)
         if ctl.loop is not None:
