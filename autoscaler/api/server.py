@@ -26,7 +26,7 @@ from typing import Any
 import uvicorn
 
 from autoscaler.api.errors import status_body
-from autoscaler.api.tls import ClientAuthMiddleware, PeerCertProtocol, TlsSettings
+from autoscaler.api.tls import HTTP_IMPL, ClientAuthMiddleware, PeerCertProtocol, TlsSettings
 
 try:
     import uvloop  # noqa: F401
@@ -45,7 +45,9 @@ class ApiProtocol(PeerCertProtocol):  # type: ignore[misc, valid-type]
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._head_bytes: int | None = 0  # bytes of the current request head so far; None once it is complete
+        # bytes of the current request head so far; None once it is complete. Only httptools
+        # calls the head/message callbacks below; h11 caps a head itself (16 KiB)
+        self._head_bytes: int | None = 0 if HTTP_IMPL == "httptools" else None
 
     def data_received(self, data: bytes) -> None:
         if self._head_bytes is not None:
