@@ -20,7 +20,7 @@ def events(fake) -> list[dict]:
 def test_an_event_is_queued_not_waited_for_and_flush_writes_it(fake, connect):
     gate = threading.Event()
     fake.before.append(lambda method, path: gate.wait(10) if "/events" in path else None)
-    rec = EventRecorder(connect(), VirtualClock(1000.0), instance="m-0", namespace=NS)
+    rec = EventRecorder(connect(), VirtualClock(1000.0), instance="m-0")
     try:
         rec.event(DEPLOY, "Normal", "SuccessfulRescale", "New size: 3; reason: scale_up_demand")
         # the API server has not answered (it is held), yet event() has returned
@@ -35,9 +35,22 @@ def test_an_event_is_queued_not_waited_for_and_flush_writes_it(fake, connect):
         rec.close()
 
 
+def test_an_event_about_a_node_goes_to_default_and_one_about_a_namespaced_object_to_its_namespace(fake, connect):
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-1", "uid": "u-node"}}
+    rec = EventRecorder(connect(), VirtualClock(1000.0), instance="m-0")
+    try:
+        rec.event(node, "Normal", "RepartitionStarted", "gpu-1: all-1g.10gb -> all-3g.40gb", action="Repartition")
+        rec.event(DEPLOY, "Normal", "SuccessfulRescale", "New size: 2; reason: scale_up_demand")
+        assert rec.flush(10)
+        where = {e["regarding"]["kind"]: e["metadata"]["namespace"] for e in fake.list("Event")}
+        assert where == {"Node": "default", "Deployment": NS}
+    finally:
+        rec.close()
+
+
 def test_repeats_become_one_series_patched_in_order_after_its_create(fake, connect):
     clock = VirtualClock(1000.0)
-    rec = EventRecorder(connect(), clock, instance="m-0", namespace=NS, series_flush_s=30.0)
+    rec = EventRecorder(connect(), clock, instance="m-0", series_flush_s=30.0)
     try:
         for _ in range(3):
             rec.event(DEPLOY, "Normal", "SuccessfulRescale", "New size: 2; reason: scale_down_idle")
@@ -53,7 +66,7 @@ def test_repeats_become_one_series_patched_in_order_after_its_create(fake, conne
 def test_a_full_queue_drops_and_counts_and_the_tick_goes_on(fake, connect):
     gate = threading.Event()
     fake.before.append(lambda method, path: gate.wait(10) if "/events" in path else None)
-    rec = EventRecorder(connect(), VirtualClock(1000.0), instance="m-0", namespace=NS, queue_size=2, per_tick=50)
+    rec = EventRecorder(connect(), VirtualClock(1000.0), instance="m-0", queue_size=2, per_tick=50)
     try:
         for i in range(6):
             rec.event(DEPLOY, "Normal", "SuccessfulRescale", f"New size: {i}; reason: scale_up_demand")
@@ -78,7 +91,7 @@ def test_a_fenced_write_is_counted_as_failed_and_the_next_occurrence_creates_aga
 
     rest.guard = guard
     clock = VirtualClock(1000.0)
-    rec = EventRecorder(rest, clock, instance="m-0", namespace=NS)
+    rec = EventRecorder(rest, clock, instance="m-0")
     try:
         rec.event(DEPLOY, "Warning", "FailedRescale", "boom")
         assert rec.flush(10)
@@ -93,7 +106,7 @@ def test_a_fenced_write_is_counted_as_failed_and_the_next_occurrence_creates_aga
 
 
 def test_close_writes_what_is_queued_then_refuses(fake, connect):
-    rec = EventRecorder(connect(), VirtualClock(1000.0), instance="m-0", namespace=NS)
+    rec = EventRecorder(connect(), VirtualClock(1000.0), instance="m-0")
     rec.event(DEPLOY, "Normal", "SuccessfulRescale", "New size: 1; reason: scale_up_demand")
     rec.close()
     assert len(events(fake)) == 1

@@ -86,8 +86,10 @@ def test_a_repartition_moves_one_step_per_tick_and_never_empties_the_model(clust
     assert be.inventory.configs[name] == be.repartitioner.configs[name]  # the inventory reads what was written
     assert be.inventory.starts["node-a"] == (name, (TARGET,))  # and the starts the planner asked for
     assert be.recorder.flush()
-    reasons = [e["reason"] for e in fake.list("Event") if e["regarding"]["kind"] == "Node"]
-    assert reasons == ["RepartitionStarted", "RepartitionSucceeded"]
+    node_events = [e for e in fake.list("Event") if e["regarding"]["kind"] == "Node"]
+    assert [e["reason"] for e in node_events] == ["RepartitionStarted", "RepartitionSucceeded"]
+    # a Node has no namespace: the API server takes its Events only in default or kube-system
+    assert {e["metadata"]["namespace"] for e in node_events} == {"default"}
 
 
 def test_a_new_leader_finishes_the_repartition_with_no_double_eviction(cluster, backends):

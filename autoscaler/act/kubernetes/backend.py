@@ -83,7 +83,7 @@ class KubernetesBackend:
         self.identity = identity
         self.sync_timeout_s = sync_timeout_s
         self.caches = caches or make_caches(rest, cfg, watch_timeout_s=watch_timeout_s, all_namespaces=all_namespaces)
-        self.recorder = EventRecorder(rest, self.clock, instance=identity, namespace=cfg.namespace)
+        self.recorder = EventRecorder(rest, self.clock, instance=identity)
         self.workloads = Workloads(rest, cfg, self.clock, self.caches, self._event)
         self.placer = PodPlacer(rest, cfg.namespace, self.clock, self.caches.pods, self.caches.nodes, self._event)
         self.repartitioner = Repartitioner(

@@ -36,6 +36,10 @@ from autoscaler.clock import Clock
 
 Obj = dict[str, Any]
 CONTROLLER = "migscale.io/controller"
+# Where an Event about a cluster-scoped object (a Node) goes. The API server accepts such an
+# Event (eventTime set) only in "default" or "kube-system" and answers 422 elsewhere
+# (pkg/apis/core/validation/events.go); client-go's recorder uses "default" too.
+CLUSTER_SCOPED_EVENT_NAMESPACE = "default"
 
 
 def micro(t: float) -> str:
@@ -49,7 +53,6 @@ class EventRecorder:
         clock: Clock,
         *,
         instance: str,
-        namespace: str,
         per_tick: int = 20,
         series_window_s: float = 360.0,
         series_flush_s: float = 30.0,
@@ -59,7 +62,6 @@ class EventRecorder:
         self.rest = rest
         self.clock = clock
         self.instance = instance
-        self.namespace = namespace  # where Events about cluster-scoped objects (Nodes) go
         self.per_tick = per_tick
         self.series_window_s = series_window_s
         self.series_flush_s = series_flush_s
@@ -80,7 +82,7 @@ class EventRecorder:
 
     def event(self, regarding: Obj, kind: str, reason: str, note: str, action: str = "Scale") -> None:
         meta = regarding.get("metadata") or {}
-        ns = meta.get("namespace") or self.namespace
+        ns = meta.get("namespace") or CLUSTER_SCOPED_EVENT_NAMESPACE
         key = (str(meta.get("uid") or meta.get("name")), reason, note)
         now = self.clock.now()
         with self._lock:
