@@ -104,7 +104,8 @@ def test_no_hpa_is_rendered_for_a_workload_migscale_scales(example):
     assert by(objs, "HorizontalPodAutoscaler") == []
     assert {o["kind"] for o in objs} >= {"Deployment", "PodDisruptionBudget"}
     for pdb in by(objs, "PodDisruptionBudget"):
-        assert pdb["spec"] == {"maxUnavailable": 1, "selector": pdb["spec"]["selector"]}
+        assert pdb["spec"] == {"maxUnavailable": 1, "selector": pdb["spec"]["selector"],
+                               "unhealthyPodEvictionPolicy": "AlwaysAllow"}
 
 
 def test_leaderworkerset_for_the_multinode_model(example):

@@ -281,10 +281,15 @@ def pod_disruption_budget(spec: ModelSpec, profile: str, cfg: RenderConfig) -> O
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _meta(workload_name(spec.name, profile), cfg, lbls),
-        # one pod at a time, so a drain for repartitioning never empties a model at once
+        # one pod at a time, so a drain for repartitioning never empties a model at once. A pod
+        # that is not Ready (loading, crash-looping) serves nothing and may always go: under the
+        # default policy the API server refuses its eviction (429) whenever the budget wants no
+        # unhealthy pod -- always at one replica, where desiredHealthy is 0 -- and a drain
+        # would wait out its timeout on a pod that protects nobody
         "spec": {
             "maxUnavailable": 1,
             "selector": {"matchLabels": {MODEL_LABEL: spec.name, PROFILE_LABEL: lbls[PROFILE_LABEL]}},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }
 
