@@ -229,6 +229,30 @@ def test_an_object_the_cache_lacks_is_created_without_a_read_and_a_stale_cache_f
     assert fake.get("ConfigMap", "x")["data"] == {"a": "2"}
 
 
+def test_a_replace_keeps_what_other_writers_set_in_metadata(fake, connect):
+    """A template reconcile replaces the object: the garbage collector's finalizer, the
+    Deployment controller's annotation and an operator's label must survive it."""
+    from autoscaler.act.kubernetes.client import apply_object
+
+    rest = connect()
+    mine = {"app.kubernetes.io/managed-by": "migscale", "migscale.io/model": "resnet"}
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": NS,
+          "labels": {**mine, "migscale.io/profile": "1g.10gb"}}, "data": {"a": "1"}}
+    assert apply_object(rest, cm)[0] == "created"
+    rest.merge_patch("v1", "ConfigMap", NS, "x", {"metadata": {
+        "finalizers": ["orphan"], "annotations": {"deployment.kubernetes.io/revision": "3"},
+        "labels": {"team": "vision"}}})
+    # the render changes its data and no longer sets its profile label
+    changed = {**cm, "metadata": {**cm["metadata"], "labels": dict(mine)}, "data": {"a": "2"}}
+    assert apply_object(rest, changed)[0] == "updated"
+    live = fake.get("ConfigMap", "x")
+    assert live["data"] == {"a": "2"}
+    assert live["metadata"]["finalizers"] == ["orphan"]
+    assert live["metadata"]["annotations"] == {"deployment.kubernetes.io/revision": "3"}
+    assert live["metadata"]["labels"] == {**mine, "team": "vision"}  # migscale's dropped label is gone
+    assert apply_object(rest, changed)[0] == "unchanged"
+
+
 def test_inventory_from_gfd_labels_and_pods(fake, backends):
     fake.put_object(gpu_node("node-a", {"3g.40gb": 2, "1g.10gb": 1}, gpus=2))
     fake.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-only", "labels": {}}})

@@ -398,6 +398,33 @@ class KubeRest:
         self.request("POST", path_for("v1", "Pod", namespace, pod, "eviction"), body=body)
 
 
+# what a replace writes of ``metadata`` besides name, namespace and resourceVersion
+_CARRIED_METADATA = ("labels", "annotations", "finalizers", "ownerReferences")
+# label keys migscale owns: one of these that the render no longer sets is removed
+_OWN_LABEL_PREFIX = "migscale.io/"
+
+
+def _keep_others_metadata(new: Obj, live: Obj) -> None:
+    """Carry into ``new`` (migscale's render) the metadata other writers own on ``live``.
+
+    A replace writes the whole ``metadata``, so without this it would strip
+    what others set: the garbage collector's ``orphan``/``foregroundDeletion``
+    finalizers (a deletion with ``--cascade=orphan`` would then delete the
+    pods), the Deployment controller's ``deployment.kubernetes.io/revision``,
+    an operator's labels and annotations. migscale renders labels and owner
+    references only; its own labels win, and one under ``migscale.io/`` that the
+    render dropped is dropped.
+    """
+    labels = {k: v for k, v in (live.get("labels") or {}).items() if not k.startswith(_OWN_LABEL_PREFIX)}
+    labels.update(new.get("labels") or {})
+    new["labels"] = labels
+    for key in ("annotations", "finalizers"):
+        if live.get(key):
+            new[key] = copy.deepcopy(live[key])
+    if "ownerReferences" not in new and live.get("ownerReferences"):
+        new["ownerReferences"] = copy.deepcopy(live["ownerReferences"])
+
+
 def apply_object(
     rest: KubeRest, obj: Obj, *, keep_replicas: bool = False, retries: int = 5, absent: bool = False
 ) -> tuple[str, Obj]:
@@ -433,16 +460,15 @@ def apply_object(
         new = copy.deepcopy(obj)
         if keep_replicas and "replicas" in (live.get("spec") or {}):
             new["spec"]["replicas"] = live["spec"]["replicas"]
-        if "ownerReferences" not in new["metadata"] and live["metadata"].get("ownerReferences"):
-            new["metadata"]["ownerReferences"] = live["metadata"]["ownerReferences"]
+        _keep_others_metadata(new["metadata"], live["metadata"])
         if obj["kind"] == "Service":  # clusterIP is immutable once assigned
             for k in ("clusterIP", "clusterIPs"):
                 if k in (live.get("spec") or {}):
                     new["spec"][k] = live["spec"][k]
-        if is_subset({k: v for k, v in new.items() if k != "metadata"}, live) and is_subset(
-            {k: new["metadata"].get(k) for k in ("labels", "ownerReferences") if k in new["metadata"]},
-            live["metadata"],
-        ):
+        if (is_subset({k: v for k, v in new.items() if k != "metadata"}, live)
+                and new["metadata"]["labels"] == (live["metadata"].get("labels") or {})
+                and is_subset({k: new["metadata"][k] for k in _CARRIED_METADATA if new["metadata"].get(k)},
+                              live["metadata"])):
             return "unchanged", live
         new["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
         try:
