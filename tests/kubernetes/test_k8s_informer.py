@@ -45,9 +45,9 @@ def test_bookmarks_move_the_version_without_objects(fake, connect):
 
 def test_a_watch_that_ends_restarts_from_its_version_without_listing(fake, connect):
     fake.put_object(gpu_node("n1", {"1g.10gb": 7}))
-    inf = nodes(fake, connect, watch_timeout_s=0.3)  # the server closes each watch after 0.3-0.6 s
+    inf = nodes(fake, connect, watch_timeout_s=1)  # the server closes each watch after 1 s, without an event
     try:
-        wait_until(lambda: inf.watches >= 3, 10, "several watches")
+        wait_until(lambda: inf.watches >= 3, 15, "several watches")
         fake.put_object(gpu_node("n2", {"1g.10gb": 7}))
         wait_until(lambda: inf.get("n2") is not None, 5, "n2")
         assert inf.lists == 1
@@ -81,3 +81,45 @@ def test_a_missing_crd_is_an_empty_synced_cache(fake, connect):
     fake.fail_next = [fake_404]
     inf.relist()
     assert inf.synced and inf.absent and len(inf) == 0
+
+
+def test_a_watch_refused_with_an_error_lists_again_and_a_429_only_waits(fake, connect):
+    """client-go's reflector: a watch from a version keeps going only after a lost connection or
+    a 429; any other error means the version is not known to be good, so it lists again."""
+    fake.put_object(gpu_node("n1", {"1g.10gb": 7}))
+    inf = nodes(fake, connect, watch_timeout_s=1)
+    try:
+        opened = inf.watches
+        fake.fail_next = [("GET", "/nodes", 429)]
+        wait_until(lambda: not fake.fail_next and inf.watches >= opened + 2, 15, "the 429, then a watch again")
+        assert inf.lists == 1 and "429" in inf.last_error
+        fake.fail_next = [("GET", "/nodes", 500)]
+        wait_until(lambda: inf.lists == 2, 15, "a list after the 500")
+        assert "500" in inf.last_error and inf.expired == 0
+    finally:
+        inf.stop()
+
+
+def test_a_watch_the_server_ends_at_once_with_nothing_is_a_failure_not_a_timeout(fake, connect):
+    """A watch that ends within a second without an event did not time out: back off, list again."""
+
+    class EmptyWatches:
+        def __init__(self, rest):
+            self.rest, self.list_calls = rest, 0
+
+        def list_at(self, *a, **kw):
+            self.list_calls += 1
+            return self.rest.list_at(*a, **kw)
+
+        def watch(self, *a, **kw):
+            return iter(())  # the server closed the stream at once
+
+    stub = EmptyWatches(connect())
+    inf = Informer(stub, "v1", "Node", None, watch_timeout_s=300).start()
+    try:
+        wait_until(lambda: stub.list_calls >= 2, 10, "a list after the empty watch")
+        assert "no event" in inf.last_error
+        # each empty watch costs a backoff: not a busy loop of watches
+        assert inf.watches <= stub.list_calls + 1
+    finally:
+        inf.stop()

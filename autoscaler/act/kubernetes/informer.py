@@ -13,8 +13,12 @@ and sources in docs/kubernetes.md):
    so a fleet of controllers does not reconnect at once) asks only for what
    it has not seen;
 3. on **410 Gone/Expired** (the server no longer holds that version) list
-   again and replace the store; on any other failure wait (1 s doubling to
-   ``max_backoff_s``) and watch again.
+   again and replace the store. On any other failure wait (1 s doubling to
+   ``max_backoff_s``), then, as client-go's reflector does, watch again from
+   the same version only after a lost connection or a 429; after any other
+   error (an ERROR event or an HTTP status: 500, 403, ...) and after a watch
+   the server ended within a second without an event, list again: the
+   version the watch asked for is then not known to be good.
 
 A tick therefore reads memory, not the API server: at 1,000 nodes a steady
 tick sends no list at all. Readers get a snapshot of the store
@@ -53,6 +57,16 @@ def _slim(obj: Obj) -> Obj:
         meta.pop("managedFields")
         obj = {**obj, "metadata": meta}
     return obj
+
+
+class _ShortWatch(KubeError):
+    """The server ended a watch within a second and sent nothing: not a normal timeout."""
+
+
+# a watch shorter than this, without an event, is a failure (client-go: "very short watch")
+SHORT_WATCH_S = 1.0
+# failures after which the informer keeps watching from its version: nothing was refused
+_KEEP_VERSION = (0, 429)
 
 
 class Informer:
@@ -176,6 +190,8 @@ class Informer:
                     break
                 failures += 1
                 self.last_error = str(exc)
+                if isinstance(exc, _ShortWatch) or exc.status not in _KEEP_VERSION:
+                    self.resource_version = ""  # list again after the wait
                 delay = min(self.max_backoff_s, 2.0 ** (failures - 1)) * (0.5 + random.random() / 2)
                 log.info("%s informer: %s; retrying in %.1fs", self.kind, exc, delay)
                 self._stop.wait(delay)
@@ -218,6 +234,7 @@ class Informer:
         """One watch request, applied to the store until the server ends it."""
         self.watches += 1
         timeout = self.watch_timeout_s * (1.0 + random.random())
+        started, events = time.monotonic(), 0
 
         def opened(resp: Any) -> None:
             self._response = resp
@@ -235,9 +252,13 @@ class Informer:
             ):
                 if self._stop.is_set():
                     return
+                events += 1
                 self.apply_event(event)
         finally:
             self._response = None
+        # half the asked-for timeout bounds the threshold only for sub-second timeouts (tests)
+        if events == 0 and time.monotonic() - started < min(SHORT_WATCH_S, timeout / 2) and not self._stop.is_set():
+            raise _ShortWatch(0, f"{self.kind} watch ended after {time.monotonic() - started:.2f}s with no event")
 
     def apply_event(self, event: Obj) -> None:
         kind = event.get("type")
