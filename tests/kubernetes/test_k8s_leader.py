@@ -61,6 +61,24 @@ def test_a_leader_that_cannot_renew_stops_writing_before_anyone_else_may_start(f
     # 10.5 s after a's last renewal, a follower that saw that renewal still has 4.5 s to wait: no overlap
 
 
+def test_the_fence_counts_from_when_the_renewal_was_sent_not_from_its_late_reply(fake, connect):
+    clock = VirtualClock(T0)
+    a = elector(connect, "a", clock, renew_deadline_s=10, retry_period_s=2)
+    assert a.step().leader
+    clock.advance(2)
+    # the renewal commits at once, but its reply takes 6 s to come back
+    fake.before.append(lambda method, path: clock.advance(6) if method == "PUT" and "/leases/" in path else None)
+    assert a.step().leader
+    fake.before.clear()
+    clock.advance(3)
+    assert a.holds()  # 9 s since the renewal was sent
+    clock.advance(1.5)
+    # 10.5 s since it was sent: a follower that saw it commit may start 4.5 s from now; stop writing
+    assert not a.holds()
+    with pytest.raises(Fenced):
+        a.rest.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "late", "namespace": NS}})
+
+
 def test_the_renew_thread_keeps_the_lease_through_a_long_tick(fake, connect):
     a = elector(connect, "a", WallClock(), lease_duration_s=3, renew_deadline_s=2.5, retry_period_s=0.2)
     b = elector(connect, "b", WallClock(), lease_duration_s=3, renew_deadline_s=2.5, retry_period_s=0.2)

@@ -113,7 +113,7 @@ class LeaseElector:
         self._observed_at: float | None = None
         self._observed_rv: str | None = None
         self._leading = False
-        self._renewed_at: float | None = None  # elapsed() of the last successful acquire/renew
+        self._renewed_at: float | None = None  # elapsed() when the last successful acquire/renew was sent
         self.last = LeaseStatus(False, None, "not tried yet")
         self.became_leader = 0
         self.lost_leadership = 0
@@ -201,7 +201,13 @@ class LeaseElector:
         return True, "renewed" if mine else f"took over from {holder or 'nobody'}"
 
     def step(self) -> LeaseStatus:
-        """One acquire-or-renew attempt and the leadership that follows from it."""
+        """One acquire-or-renew attempt and the leadership that follows from it.
+
+        A renewal counts from when it was sent, not from its reply: the record
+        carries the time it was written with, and a follower that saw it commit
+        starts its wait then. Timed from a late reply, the fence would outlast
+        the follower's wait by as long as the reply took."""
+        sent = self.elapsed()
         try:
             ok, why = self.try_acquire_or_renew()
         except KubeError as exc:
@@ -210,7 +216,7 @@ class LeaseElector:
         with self._lock:
             was = self._leading
             if ok:
-                self._leading, self._renewed_at = True, now
+                self._leading, self._renewed_at = True, sent
             elif was:
                 self.renew_failures += 1
                 if self._renewed_at is None or now - self._renewed_at >= self.renew_deadline_s:
