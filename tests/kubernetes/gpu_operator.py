@@ -34,13 +34,18 @@ CONFIG, STATE = "nvidia.com/mig.config", "nvidia.com/mig.config.state"
 MIG = "nvidia.com/mig-"
 
 
+def dp(profile: str) -> str:
+    """A profile as NVIDIA's device plugin and GFD write it in a resource or label key: no ``+``."""
+    return profile.replace("+", ".")
+
+
 def gpu_node(name: str, counts: dict[str, int], *, gpus: int = 1, config: str = "initial",
              product: str = "NVIDIA-A100-SXM4-80GB") -> Obj:
     labels = {"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(gpus), "nvidia.com/mig.strategy": "mixed",
               CONFIG: config, STATE: "success", "kubernetes.io/hostname": name}
-    labels.update({f"{MIG}{p}.count": str(n) for p, n in counts.items() if n})
+    labels.update({f"{MIG}{dp(p)}.count": str(n) for p, n in counts.items() if n})
     alloc = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "0"}
-    alloc.update({f"{MIG}{p}": str(n) for p, n in counts.items() if n})
+    alloc.update({f"{MIG}{dp(p)}": str(n) for p, n in counts.items() if n})
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}, "spec": {},
             "status": {"allocatable": alloc, "capacity": dict(alloc),
                        "conditions": [{"type": "Ready", "status": "True"}]}}
@@ -124,10 +129,10 @@ class MigManager:
             return
         counts = entry_counts(entry)
         labels = {k: v for k, v in lbls.items() if not (k.startswith(MIG) and k.endswith(".count"))}
-        labels.update({f"{MIG}{p}.count": str(n) for p, n in counts.items()})
+        labels.update({f"{MIG}{dp(p)}.count": str(n) for p, n in counts.items()})
         labels[STATE] = "success"
         new_alloc = {k: v for k, v in saved.items() if not k.startswith(MIG)}
-        new_alloc.update({f"{MIG}{p}": str(n) for p, n in counts.items()})
+        new_alloc.update({f"{MIG}{dp(p)}": str(n) for p, n in counts.items()})
         new_alloc["nvidia.com/gpu"] = "0" if counts else labels.get("nvidia.com/gpu.count", "1")
         self.applied[name] = want
         self.reconfigurations += 1

@@ -37,13 +37,14 @@ def gpu_node(name: str, counts: dict[str, int], *, config: str | None = "all-3g.
     }
     if config:
         labels["nvidia.com/mig.config"] = config
-    labels.update({f"nvidia.com/mig-{p}.count": str(n) for p, n in counts.items()})
+    # the device plugin and GFD write a profile's "+" as "." (not allowed in a resource name or label key)
+    labels.update({f"nvidia.com/mig-{p.replace('+', '.')}.count": str(n) for p, n in counts.items()})
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": labels},
         "spec": {},
-        "status": {"allocatable": {f"nvidia.com/mig-{p}": str(n) for p, n in counts.items()}},
+        "status": {"allocatable": {f"nvidia.com/mig-{p.replace('+', '.')}": str(n) for p, n in counts.items()}},
     }
 
 
@@ -67,7 +68,8 @@ def pod(
         "spec": {
             "nodeName": node,
             "containers": [
-                {"name": "triton", "image": "x", "resources": {"limits": {f"nvidia.com/mig-{profile}": "1"}}}
+                {"name": "triton", "image": "x",
+                 "resources": {"limits": {f"nvidia.com/mig-{profile.replace('+', '.')}": "1"}}}
             ],
         },
         "status": {

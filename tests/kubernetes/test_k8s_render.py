@@ -229,3 +229,27 @@ def test_render_refuses_an_image_the_kubelet_would_refuse(image, ok):
         assert res.exit_code == 0 and f"image: {image}" in res.output, res.output[-500:]
     else:
         assert res.exit_code == 2 and "--image: not an image reference" in res.output and repr(image) in res.output
+
+
+def test_a_media_extension_profile_is_requested_by_the_device_plugins_resource_name(example):
+    """``+`` may not stand in a resource name: NVIDIA's device plugin advertises ``1g.10gb+me``
+    as ``nvidia.com/mig-1g.10gb.me``, which is what the pod must request and the inventory read."""
+    import re
+
+    from k8s_helpers import gpu_node
+
+    from autoscaler.act.kubernetes.inventory import mig_counts
+    from autoscaler.policy.types import ModelSpec
+
+    cluster, _specs, _desired, cfg, _objs = example
+    spec = ModelSpec("video", {"1g.10gb+me": 20.0}, ("1g.10gb+me",), min_replicas=1, max_replicas=2)
+    (dep, *_rest) = by(render_all([spec], {("video", "1g.10gb+me"): 1}, cfg), "Deployment")
+    limits = dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/mig-1g.10gb.me": 1}
+    qualified = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                           r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+    assert all(qualified.match(k) for k in limits)
+    node = gpu_node("n", {"1g.10gb+me": 1, "1g.10gb": 5})
+    assert mig_counts(node) == {"1g.10gb+me": 1, "1g.10gb": 5}
+    node["metadata"]["labels"] = {}  # allocatable alone (no GFD) says the same
+    assert mig_counts(node) == {"1g.10gb+me": 1, "1g.10gb": 5}

@@ -386,3 +386,40 @@ def test_a_pass_does_not_start_a_step_that_steps_of_its_kind_took_longer_than_wh
     assert fake.get("Deployment", "m6-1g-10gb") is None and be.rollout.chains
     assert be.advance() == []
     assert fake.get("Deployment", "m6-1g-10gb")["spec"]["replicas"] == 1
+
+
+def test_lifting_the_gate_from_a_stale_cache_never_puts_back_a_gate_another_controller_lifted(fake, connect):
+    """The ungate patch carries the cached resourceVersion: a pod changed since answers 409, and
+    the patch is made again from the live pod instead of replacing its gates from the old copy."""
+    from k8s_helpers import NS, pod
+
+    from autoscaler.act.kubernetes.informer import Informer
+    from autoscaler.act.kubernetes.placer import PodPlacer
+    from autoscaler.act.kubernetes.render import PLACEMENT_GATE
+
+    fake.put_object(gpu_node("node-0", {"1g.10gb": 7}))
+    gated = pod("resnet-x", "", profile="1g.10gb")
+    gated["spec"].pop("nodeName")
+    gated["spec"]["schedulingGates"] = [{"name": PLACEMENT_GATE}, {"name": "example.com/quota"}]
+    gated["status"] = {"phase": "Pending"}
+    fake.put_object(gated)
+    pods, nodes = Informer(connect(), "v1", "Pod", NS).start(), Informer(connect(), "v1", "Node", None).start()
+    try:
+        assert pods.wait_synced(5) and nodes.wait_synced(5)
+        rest = connect()
+        placer = PodPlacer(rest, NS, VirtualClock(1000.0), pods, nodes, lambda *a, **k: None)
+        placer.place("resnet", "1g.10gb", ["node-0"])  # the planner's node for the next pod
+        stale = pods.get(f"{NS}/resnet-x")
+        live = fake.get("Pod", "resnet-x")
+        live["spec"]["schedulingGates"] = [{"name": PLACEMENT_GATE}]  # the quota controller lifted its gate
+        fake.put_object(live)
+        patches = rest.counts["PATCH"]
+        assert placer.ungate([stale]) == []
+        assert rest.counts["PATCH"] - patches == 2  # the stale one (409), then one from the live pod
+        spec = fake.get("Pod", "resnet-x")["spec"]
+        assert "schedulingGates" not in spec  # and example.com/quota was not put back
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-0"]} in terms[0]["matchExpressions"]
+    finally:
+        pods.stop()
+        nodes.stop()

@@ -135,7 +135,9 @@ class KubernetesBackend:
         self.workloads.owners.update(owners or {})
 
     def _on_pod(self, kind: str, pod: Obj) -> None:
-        if kind == "ADDED" and self.leading() and (pod.get("spec") or {}).get("schedulingGates"):
+        # MODIFIED too: an ungate patch carries the cached resourceVersion, so one sent just before a
+        # change (the scheduler marking the pod SchedulingGated) answers 409 and goes again from here
+        if kind in ("ADDED", "MODIFIED") and self.leading() and (pod.get("spec") or {}).get("schedulingGates"):
             self._late.extend(self.placer.ungate([pod]))
 
     def leading(self) -> bool:

@@ -52,18 +52,19 @@ from autoscaler.act.kubernetes.render import (
     GPU_PRODUCT_LABEL,
     LWS_WORKER_INDEX,
     MIG_CONFIG_LABEL,
+    MIG_RESOURCE_PREFIX,
     MIG_STATE_LABEL,
     MODEL_LABEL,
     PROFILE_LABEL,
     WHOLE,
     RenderConfig,
+    profile_of_mig_name,
 )
 from autoscaler.mig.layout import Placement, best_start
 from autoscaler.mig.products import PRODUCTS, Product
 from autoscaler.policy.types import ClusterState, GpuState, Replica, ReplicaState
 
 Obj = dict[str, Any]
-MIG_PREFIX = "nvidia.com/mig-"
 
 
 def product_of(label: str | None) -> Product | None:
@@ -87,8 +88,8 @@ def allocatable_mig(node: Obj) -> Counter[str]:
     alloc = (node.get("status") or {}).get("allocatable") or {}
     out: Counter[str] = Counter()
     for k, v in alloc.items():
-        if k.startswith(MIG_PREFIX) and _int(v, 0) > 0:
-            out[k[len(MIG_PREFIX):]] += _int(v, 0)
+        if k.startswith(MIG_RESOURCE_PREFIX) and _int(v, 0) > 0:
+            out[profile_of_mig_name(k[len(MIG_RESOURCE_PREFIX):])] += _int(v, 0)
     return out
 
 
@@ -97,8 +98,8 @@ def mig_counts(node: Obj) -> Counter[str]:
     lbls = node["metadata"].get("labels") or {}
     out: Counter[str] = Counter()
     for k, v in lbls.items():
-        if k.startswith(MIG_PREFIX) and k.endswith(".count"):
-            out[k[len(MIG_PREFIX):-len(".count")]] += _int(v, 0)
+        if k.startswith(MIG_RESOURCE_PREFIX) and k.endswith(".count"):
+            out[profile_of_mig_name(k[len(MIG_RESOURCE_PREFIX):-len(".count")])] += _int(v, 0)
     out = Counter({k: n for k, n in out.items() if n > 0})
     return out or allocatable_mig(node)
 
@@ -107,7 +108,7 @@ def pod_uses_gpu(pod: Obj) -> bool:
     for c in (pod.get("spec") or {}).get("containers") or []:
         res = c.get("resources") or {}
         for k in {**(res.get("limits") or {}), **(res.get("requests") or {})}:
-            if k == "nvidia.com/gpu" or k.startswith(MIG_PREFIX):
+            if k == "nvidia.com/gpu" or k.startswith(MIG_RESOURCE_PREFIX):
                 return True
     return False
 

@@ -40,11 +40,19 @@ from typing import Any
 from autoscaler.act.kubernetes.client import KubeError, KubeRest, owned
 from autoscaler.act.kubernetes.informer import Informer
 from autoscaler.act.kubernetes.inventory import node_of, pod_profile
-from autoscaler.act.kubernetes.render import HOSTNAME_LABEL, MODEL_LABEL, PLACEMENT_GATE, workload_name
+from autoscaler.act.kubernetes.render import (
+    HOSTNAME_LABEL,
+    MODEL_LABEL,
+    PLACEMENT_GATE,
+    mig_resource,
+    workload_name,
+)
 from autoscaler.act.kubernetes.workloads import WRITE_FRESH_S
 from autoscaler.clock import Clock
 
 Obj = dict[str, Any]
+# an ungate patch answered 409 is made again from the live pod this many times (client-go: 5 steps)
+CONFLICT_RETRIES = 4
 # A pod pinned to a node that has stayed Unschedulable this long is recreated: its
 # required node affinity can no longer change (it was ungated), and the instance it
 # was pinned to went to another pod meanwhile (a ReplicaSet replacement the
@@ -117,16 +125,37 @@ class PodPlacer:
         with self._gate_lock:  # decided and recorded under the lock, written outside it: a tick's
             todo = self._ungate(self.pods.items() if pods is None else pods)  # place() never waits on HTTP
         errors: list[str] = []
-        for ns, name, patch in todo:
+        for ns, name, patch, wl, placement, node in todo:
             try:
-                self.rest.merge_patch("v1", "Pod", ns, name, patch)
+                self._lift(ns, name, patch, node)
             except KubeError as exc:
                 with self._gate_lock:
                     self._ungated.pop(name, None)
                     self._pinned.pop(name, None)
-                if exc.status != 404:
+                    if placement is not None:  # first in line again: for this pod next pass, or its replacement
+                        self._placements.setdefault(wl, deque(maxlen=1000)).appendleft(placement)
+                if exc.status not in (404, 409):  # gone, or changed since the cache: next pass
                     errors.append(f"ungate pod {name}: {exc}")
         return errors
+
+    def _lift(self, ns: str, name: str, patch: Obj, node: str) -> None:
+        """Send ``patch``; on 409 (the pod changed since the cache read it -- the scheduler marks a
+        gated pod right after its creation) make it again from the live pod, as client-go's
+        RetryOnConflict does, a few times."""
+        for _ in range(CONFLICT_RETRIES):
+            try:
+                self.rest.merge_patch("v1", "Pod", ns, name, patch)
+                return
+            except KubeError as exc:
+                if exc.status != 409:
+                    raise
+            live = self.rest.get("v1", "Pod", ns, name)
+            if live is None:
+                raise KubeError(404, f"pod {name} is gone")
+            if not any(g.get("name") == PLACEMENT_GATE for g in (live.get("spec") or {}).get("schedulingGates") or []):
+                return  # lifted by another writer meanwhile: nothing left to do
+            patch = _ungate_patch(live, node)
+        self.rest.merge_patch("v1", "Pod", ns, name, patch)
 
     def unpin(self) -> list[str]:
         """Recreate pods pinned to a node that cannot take them any more.
@@ -177,7 +206,8 @@ class PodPlacer:
 
     def _ungate(self, candidates: list[Obj]) -> list[tuple[str, str, Obj]]:
         """The patches that lift the gate of new pods, recorded as done (undone by ``ungate`` on failure)."""
-        todo: list[tuple[str, str, Obj]] = []  # (namespace, pod, patch)
+        # (namespace, pod, patch, workload, the placement it used: put back if the patch fails, node)
+        todo: list[tuple[str, str, Obj, str, tuple[str, tuple[str, int] | None, float] | None, str]] = []
         now = self.clock.now()
         self._ungated = {k: t for k, t in self._ungated.items() if now - t < WRITE_FRESH_S}
         self._unplaced = {k: t for k, t in self._unplaced.items() if now - t < 2 * PLACEMENT_TTL_S}
@@ -210,7 +240,7 @@ class PodPlacer:
         def room(n: str, profile: str) -> tuple[bool, int]:
             """(node usable, instances of the profile free on it now)."""
             live = self.nodes.get(n) if n else None
-            alloc = int(((live or {}).get("status") or {}).get("allocatable", {}).get(f"nvidia.com/mig-{profile}", 0) or 0)
+            alloc = int(((live or {}).get("status") or {}).get("allocatable", {}).get(mig_resource(profile), 0) or 0)
             usable = live is not None and not (live.get("spec") or {}).get("unschedulable")
             return usable, alloc - taken.get((n, profile), 0)
 
@@ -252,12 +282,8 @@ class PodPlacer:
                 # snapshot) and goes there. After ``PLACEMENT_TTL_S`` it is let go to the scheduler.
                 continue
             self._unplaced.pop(name, None)
-            spec = pod.get("spec") or {}
-            patch: Obj = {"spec": {"schedulingGates": [g for g in spec.get("schedulingGates") or []
-                                                       if g.get("name") != PLACEMENT_GATE] or None}}
-            if node:
-                patch["spec"]["affinity"] = with_hostname(spec.get("affinity") or {}, node)
-            todo.append((pod["metadata"].get("namespace", self.namespace), pod["metadata"]["name"], patch))
+            todo.append((pod["metadata"].get("namespace", self.namespace), pod["metadata"]["name"],
+                         _ungate_patch(pod, node), wl, (node, spot, placed_at) if planned else None, node))
             self._ungated[pod["metadata"]["name"]] = now
             if node:
                 self._pinned[pod["metadata"]["name"]] = (node, profile, now)
@@ -289,6 +315,21 @@ class PodPlacer:
             self.spot_hints[pod] = spot
             while len(self.spot_hints) > MAX_SPOT_HINTS:
                 self.spot_hints.popitem(last=False)  # the oldest: its pod is long placed, or gone
+
+
+def _ungate_patch(pod: Obj, node: str) -> Obj:
+    """The merge patch that lifts migscale's gate from ``pod`` (and pins it to ``node`` if one is given).
+
+    A merge patch replaces the whole gate list, computed from ``pod``: it carries ``pod``'s
+    resourceVersion, so a pod changed since (another controller lifted its own gate, which this
+    list would put back -- a gate cannot be added after creation) answers 409 instead."""
+    spec = pod.get("spec") or {}
+    patch: Obj = {"metadata": {"resourceVersion": pod["metadata"].get("resourceVersion")},
+                  "spec": {"schedulingGates": [g for g in spec.get("schedulingGates") or []
+                                               if g.get("name") != PLACEMENT_GATE] or None}}
+    if node:
+        patch["spec"]["affinity"] = with_hostname(spec.get("affinity") or {}, node)
+    return patch
 
 
 def _pinned_by_us(pod: Obj) -> bool:

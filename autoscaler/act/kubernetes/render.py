@@ -167,6 +167,28 @@ def _meta(name: str, cfg: RenderConfig, lbls: Mapping[str, str], namespace: str 
     return meta
 
 
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+
+
+def mig_name(profile: str) -> str:
+    """``1g.10gb+me`` -> ``1g.10gb.me``: a profile as the device plugin and GFD name it (mixed strategy).
+
+    ``+`` is not allowed in a resource name or a label key, so NVIDIA's plugin writes it as ``.``:
+    the resource ``nvidia.com/mig-1g.10gb.me`` and the label ``nvidia.com/mig-1g.10gb.me.count``."""
+    return profile.replace("+", ".")
+
+
+def profile_of_mig_name(name: str) -> str:
+    """``1g.10gb.me`` -> ``1g.10gb+me``: the inverse of :func:`mig_name` (``<g>g.<mem>gb`` then attributes)."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) + "".join(f"+{a}" for a in parts[2:])
+
+
+def mig_resource(profile: str) -> str:
+    """The extended resource a pod requests for one instance of ``profile``."""
+    return MIG_RESOURCE_PREFIX + mig_name(profile)
+
+
 def products_with_profile(profile: str, products: Iterable[str]) -> list[str]:
     """GFD product label values of every product (present) that offers ``profile``."""
     out: list[str] = []
@@ -231,7 +253,7 @@ def _triton_container(cfg: RenderConfig, model: str, resources: Obj, *, serve: b
 
 def deployment(spec: ModelSpec, profile: str, replicas: int, cfg: RenderConfig) -> Obj:
     lbls = labels(spec.name, profile)
-    resource = f"nvidia.com/mig-{profile}"
+    resource = mig_resource(profile)
     products = products_with_profile(profile, cfg.products)
     affinity = {
         "nodeAffinity": {
