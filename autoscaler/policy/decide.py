@@ -364,7 +364,7 @@ def decide(
     spare_horizon = config.repartition_s + config.replica_start_s
     spares = sp.wanted(state.spares, now_s, spare_horizon, config.spares) if fast_path else {}
     key = (tuple(sorted(target_rps.items())), observation.cluster, config.churn_budget, fast_path,
-           tuple(sorted(spares.items())))
+           tuple(sorted(spares.items())), tuple(config.models))
     memo = state.planner_memo if state.planner_memo is not None and state.planner_memo.planner is planner else None
     why = replan(memo, key, target_rps, caps, {n: counts[n] for n in moving}, now_s, config.replan_s)
     spare_state = state.spares

@@ -30,14 +30,14 @@ class Replan(str, Enum):
     GPUS = "gpus"  # yes: a different set of GPUs
     FAILED = "failed"  # yes: a replica failed or crash-loops
     MOVING = "moving"  # yes: the HPA stages changed a replica count
-    MODELS = "models"  # yes: a model added to or removed from the configuration
+    MODELS = "models"  # yes: a model added to, removed from or changed in the configuration
     SHORT = "short"  # yes: a model short of a target (or on a cluster) the last call did not see
 
 
 class Memo(NamedTuple):
     """The last planner call: equal inputs give an equal plan (the planner is pure)."""
 
-    key: tuple  # (targets, cluster, churn budget, fast path, spares): the planner's inputs
+    key: tuple  # (targets, cluster, churn budget, fast path, spares, model specs): the planner's inputs
     plan: Plan
     planner: PlannerFn | None
     t_s: float
@@ -61,7 +61,7 @@ def replan(memo: Memo | None, key: tuple, target_rps: Mapping[str, float], caps:
 
     Urgent: a replica count the HPA stages changed since the last call
     (``moving``: model -> a count other than its current one), a model added
-    to or removed from the configuration, a model whose live replicas fall
+    to, removed from or changed in the configuration, a model whose live replicas fall
     short of its target (a rise, a burst) with a higher target than the last
     call saw or with room it did not see (``room``), a replica that failed
     since the last call, a different set of GPUs. A replica the last call
@@ -79,12 +79,14 @@ def replan(memo: Memo | None, key: tuple, target_rps: Mapping[str, float], caps:
         return Replan.FIRST
     if memo.key == key:
         return Replan.SAME
-    _, cluster0, churn0, fast0, _spares0 = memo.key
-    _, cluster, churn, fast, _spares = key
+    _, cluster0, churn0, fast0, _spares0, models0 = memo.key
+    _, cluster, churn, fast, _spares, models = key
     if now_s - memo.t_s >= every_s:
         return Replan.PERIODIC
     if (churn, fast) != (churn0, fast0):
         return Replan.SETTINGS
+    if models != models0:
+        return Replan.MODELS  # a live config change (replica bounds, profiles, capacity): act on it now
     if tuple(g.id for g in cluster.gpus) != tuple(g.id for g in cluster0.gpus):
         return Replan.GPUS
     if failed_replicas(cluster) - failed_replicas(cluster0):

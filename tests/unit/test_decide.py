@@ -574,7 +574,7 @@ def test_a_model_added_or_removed_calls_the_planner_at_once():
     cluster = single_gpu_cluster()
 
     def key(targets: dict[str, float]) -> tuple:
-        return (tuple(sorted(targets.items())), cluster, 4, False, ())
+        return (tuple(sorted(targets.items())), cluster, 4, False, (), ())
 
     before = {"resnet": 50.0, "rnn": 20.0}
     memo = Memo(key(before), None, None, 100.0, {}, room(cluster))
@@ -587,6 +587,26 @@ def test_a_model_added_or_removed_calls_the_planner_at_once():
     # bert added
     added = {**before, "bert": 10.0}
     assert replan(memo, key(added), added, caps, {}, 105.0, 60.0) is Replan.MODELS
+
+
+def test_a_model_whose_spec_changed_calls_the_planner_at_once():
+    """A live config change of replica bounds, profiles or capacities, with the same targets: the
+    planner's inputs changed, so the last plan is not this one (it used to be reused: SAME)."""
+    from autoscaler.policy.replan import Memo, Replan, replan, room
+
+    cluster = single_gpu_cluster()
+    spec = ModelSpec("resnet", {"1g.10gb": 58.0}, ("1g.10gb",), min_replicas=1, max_replicas=8)
+    targets = {"resnet": 50.0}
+
+    def key(models: tuple) -> tuple:
+        return (tuple(sorted(targets.items())), cluster, 4, False, (), models)
+
+    memo = Memo(key((spec,)), None, None, 100.0, {}, room(cluster))
+    assert replan(memo, key((spec,)), targets, {"resnet": 58.0}, {}, 105.0, 60.0) is Replan.SAME
+    for changed in (dataclasses.replace(spec, min_replicas=3), dataclasses.replace(spec, max_replicas=2),
+                    dataclasses.replace(spec, allowed_profiles=("1g.10gb", "2g.20gb"), capacity={"1g.10gb": 58.0,
+                                                                                         "2g.20gb": 113.0})):
+        assert replan(memo, key((changed,)), targets, {"resnet": 58.0}, {}, 105.0, 60.0) is Replan.MODELS
 
 
 def test_a_count_or_a_shortfall_the_last_call_saw_waits_until_the_room_changes():
@@ -603,7 +623,7 @@ def test_a_count_or_a_shortfall_the_last_call_saw_waits_until_the_room_changes()
     busy = ClusterState(gpus=(dataclasses.replace(gpu, busy=True),), replicas=(starting,))
 
     def key(targets: dict[str, float], cluster: ClusterState) -> tuple:
-        return (tuple(sorted(targets.items())), cluster, 4, True, ())
+        return (tuple(sorted(targets.items())), cluster, 4, True, (), ())
 
     targets = {"resnet": 100.0}
     caps = {"resnet": 58.0}  # short: one replica of a target that wants two
@@ -635,7 +655,7 @@ def test_a_replica_that_failed_since_the_last_call_is_urgent_one_it_saw_failed_i
     failed = ClusterState(gpus=(gpu,), replicas=(ok, bad))
 
     def key(cluster: ClusterState) -> tuple:
-        return ((("resnet", 50.0),), cluster, 4, True, ())
+        return ((("resnet", 50.0),), cluster, 4, True, (), ())
 
     targets, caps = {"resnet": 50.0}, {"resnet": 58.0}
     memo = Memo(key(before), None, None, 100.0, {}, room(before))
