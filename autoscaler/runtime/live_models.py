@@ -235,6 +235,7 @@ class LiveModels:
             ctl.loop.config = ctl.policy
         with self.cluster._lock:
             self.cluster.models.update(runtimes)  # new models (runtime_changes refused any other); removed ones retire later
+            self.cluster.declared = frozenset(m.name for m in models.models)  # a removed model is never held
         self.generation, self.error, self.refused, self.last_change = generation, None, 0, change
         return change
 

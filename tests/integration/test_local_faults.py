@@ -128,11 +128,49 @@ def test_crash_loop_backs_off_reports_the_error_and_holds_the_model(faulty):
     tiny = next(r for r in c.replicas() if r.model == "tiny")
     assert tiny.state is ReplicaState.READY and tiny.restarts == 0
 
+    # Removed from the configuration, the model is not held: the hold would also stop the drains
+    # that retire its replicas (they crash-looped on until `migscale up` was restarted).
+    c.declared = frozenset({"tiny"})
+    assert "broken" not in c.in_flight()[1] and c.status()["crashloop_held"] == []
+    c.declared = None
+
     # Deleting them ends the crash loop and the hold.
     assert c.apply_and_wait([Action(ActionKind.DELETE, Reason.REPLACE_FAILED, replica=broken.id),
                              Action(ActionKind.DELETE, Reason.REPLACE_FAILED, replica=second.id)], 60) == []
     assert [r.model for r in c.replicas()] == ["tiny"]
     assert "broken" not in c.in_flight()[1]
+
+
+@pytest.mark.alone  # times a crash after readiness against the back-off
+def test_a_model_that_crashes_after_turning_ready_is_held_and_backs_off(tmp_path):
+    """Ready for 3 s, then its server is killed: each start turns ready. Readiness alone used to
+    end the crash loop, so the policy placed a fresh replica (a fresh back-off) each time."""
+    c = LocalCluster(
+        tmp_path / "run", {"late": ModelRuntime("late", FAULTS, "late")},
+        [GpuState(GPU, "node-a", "A100-SXM4-80GB", layout=tuple(Placement(s, "1g.10gb") for s in (0, 1)))],
+        restart_backoff=BackoffPolicy(initial_s=1.0, max_s=4.0, reset_after_s=60.0),
+        emulate=False, wait_ready_timeout_s=60,
+    )
+    c.start()
+    try:
+        assert c.apply([Action(ActionKind.CREATE, R, gpu=GPU, model="late", profile="1g.10gb", start=0)]) == []
+        first = next(r for r in c.replicas())
+        wait_until(lambda: first.state is ReplicaState.CRASHLOOP, 60, "the first replica to crash-loop")
+        assert first.restarts >= 1  # it was ready, crashed, restarted at once, was ready, crashed again
+        assert "late" not in c.in_flight()[1]  # one looping replica: the policy may try a replacement
+        assert c.apply([Action(ActionKind.CREATE, R, gpu=GPU, model="late", profile="1g.10gb", start=1)]) == []
+        second = next(r for r in c.replicas() if r.id != first.id)
+        wait_until(lambda: second.state is ReplicaState.CRASHLOOP, 60, "the replacement to crash-loop")
+        # the replacement loops too: held, and it stays held while the two turn ready for 3 s at a time
+        deadline = time.monotonic() + 12
+        while time.monotonic() < deadline:
+            assert c.status()["crashloop_held"] == ["late"], [r.state for r in c.replicas()]
+            time.sleep(0.2)
+        assert {r.id for r in c.replicas()} == {first.id, second.id}
+    finally:
+        c.stop()
+        left = started_from(c.run_dir, [])
+        assert left == {}, f"left behind: {[proc_command(p) for p in left]}"
 
 
 class _DrainedWhileLooked:

@@ -241,7 +241,7 @@ def test_a_media_extension_profile_is_requested_by_the_device_plugins_resource_n
     from autoscaler.act.kubernetes.inventory import mig_counts
     from autoscaler.policy.types import ModelSpec
 
-    cluster, _specs, _desired, cfg, _objs = example
+    _cluster, _specs, _desired, cfg, _objs = example
     spec = ModelSpec("video", {"1g.10gb+me": 20.0}, ("1g.10gb+me",), min_replicas=1, max_replicas=2)
     (dep, *_rest) = by(render_all([spec], {("video", "1g.10gb+me"): 1}, cfg), "Deployment")
     limits = dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]

@@ -118,6 +118,8 @@ class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
         self.infra = {"nginx": InfraState("nginx"), "prometheus": InfraState("prometheus")}
         self._crashloop_since: dict[str, float] = {}  # model -> when its first replica began crash-looping
         self._crashloop_held: set[str] = set()  # models whose replacements crash-loop too
+        # the models the configuration declares (None: every model); set by a live config change
+        self.declared: frozenset[str] | None = None
         self._rotated_s = float("-inf")
         self._router_error: str | None = None  # the last nginx reload failure, logged once per streak
         self.supervisor = Supervisor(self._supervise, log=self.log)

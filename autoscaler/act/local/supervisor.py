@@ -52,6 +52,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # Logs are checked against their cap, and Prometheus' targets re-synced, this often.
 ROTATE_EVERY_S = 10.0
+# A crash loop is over once a replica of the model has stayed ready this long. Ready alone is not
+# enough: a model that crashes seconds after it starts serving (a dying backend stub, an
+# out-of-memory on the first batches) turns ready every time, and each time the hold lifted the
+# policy placed a fresh replica with a fresh back-off -- six starts a minute, for good.
+CRASHLOOP_STABLE_S = 60.0
 
 
 class Supervisor:
@@ -130,6 +135,9 @@ class SupervisionMixin:
                 elif r.state is ReplicaState.CRASHLOOP and r.next_restart_s is not None \
                         and now >= r.next_restart_s:
                     due.append(r)
+                elif r.state is ReplicaState.READY and r.model in c._crashloop_since \
+                        and now - r.since_s >= CRASHLOOP_STABLE_S:
+                    c._crashloop_cleared(r.model)
         for r in died:
             r.process.reap()  # stubs and other ranks of the dead generation, now
         became_ready = [
@@ -182,7 +190,6 @@ class SupervisionMixin:
                 if routed and r.state is ReplicaState.STARTING and r.routable and c._replicas.get(r.id) is r:
                     r.state, r.since_s = ReplicaState.READY, now
                     r.process.ready_at = r.process.ready_at or time.time()
-                    c._crashloop_cleared(r.model)
                     c.log(f"ready {r.id} on port {r.port}")
         c.sync_targets()
 
@@ -211,18 +218,25 @@ class SupervisionMixin:
         c.log(f"{what}; crash loop, restart #{r.restarts + 1} in {delay:.0f}s{tail}")
 
     def _crashloop_cleared(self, model: str) -> None:
-        """A replica of ``model`` is ready (caller holds the lock): the model is not crash-looping."""
+        """A replica of ``model`` stayed ready ``CRASHLOOP_STABLE_S`` (caller holds the lock): the
+        model is not crash-looping."""
+        if model in self._crashloop_since:
+            self.log(f"model {model}: a replica stayed ready {CRASHLOOP_STABLE_S:.0f}s; the crash loop is over")
         self._crashloop_since.pop(model, None)
         self._crashloop_held.discard(model)
 
     def crashloop_held(self) -> frozenset[str]:
-        """Models whose every replica tried crash-loops: the planner must not create more."""
+        """Models whose every replica tried crash-loops: the planner must not create more.
+
+        A model removed from the configuration is never held: the hold stops new replicas,
+        and it would also stop the drains that retire the crash-looping ones."""
         with self._lock:
             live = {r.model for r in self._replicas.values()}
             self._crashloop_held &= live
             for m in [m for m in self._crashloop_since if m not in live]:
                 del self._crashloop_since[m]
-            return frozenset(self._crashloop_held)
+            held = self._crashloop_held if self.declared is None else self._crashloop_held & self.declared
+            return frozenset(held)
 
     def restart_failed(self, r: LocalReplica) -> None:
         """Start a FAILED or due CRASHLOOP replica again on its instance (same id, same slot).
