@@ -26,10 +26,28 @@ over several files.
 - **Subresources**: ``status`` (a main-resource update keeps the stored
   status; a status update changes nothing else), ``scale`` (Deployment,
   ReplicaSet, LeaderWorkerSet), ``pods/<name>/eviction`` checked against the
-  PodDisruptionBudget's status as the API server does (429 while
-  ``disruptionsAllowed`` is 0 or the budget is not yet observed, 500 for a pod
-  under two budgets; each allowed eviction decrements the budget and records
-  the pod in ``disruptedPods``).
+  PodDisruptionBudget's status as the API server does
+  (pkg/registry/core/pod/storage/eviction.go): a pending, finished or
+  terminating pod goes at once; a pod that is not Ready goes uncharged under
+  ``unhealthyPodEvictionPolicy: AlwaysAllow``, or while the budget is met and
+  wants at least one healthy pod; otherwise 429 while ``disruptionsAllowed``
+  is 0 or the budget is not yet observed, 500 for a pod under two budgets;
+  each charged eviction decrements the budget and records the pod in
+  ``disruptedPods``.
+- **Updates** are validated against the stored object as the API server's
+  strategies do (``fakesem.update_errors``; 422 Invalid, one cause per
+  field): a Pod's spec changes only where ValidatePodUpdate allows it
+  (images, activeDeadlineSeconds, added tolerations, removed scheduling
+  gates, and a gated pod's nodeSelector/node affinity narrowed), a
+  Deployment's or ReplicaSet's selector and a Service's cluster IPs are
+  immutable (a replace without ``clusterIP`` keeps it), ``metadata.uid``
+  too; a body or patch naming another object than the URL is 400. Events
+  are checked as pkg/apis/core/validation/events.go does (an Event about a
+  Node only in "default" or "kube-system"), a budget's
+  ``unhealthyPodEvictionPolicy`` against its two values.
+- **Field selectors** accept only the labels each kind registers (400
+  BadRequest otherwise) and compare the strings the API server derives
+  (booleans "true"/"false", a missing one "false"): ``fakesem.FIELD_LABELS``.
 - **Watch**: ``?watch=1`` streams newline-delimited events over chunked HTTP
   from a per-resource history window. ``resourceVersion`` unset or "0" sends
   synthetic ADDED events first; an older version than the window holds gets
@@ -69,13 +87,20 @@ from urllib.parse import parse_qs, urlparse
 
 import kubernetes_validate
 from fakesem import (
+    FieldError,
     apply_defaults,
     changed_fields,
+    check_field_selector,
     copy_obj,
+    event_errors,
+    event_update_errors,
     fields_match,
     manager_of,
     match_labels_selector,
+    pdb_errors,
     selector_matches,
+    service_allocated,
+    update_errors,
 )
 
 Obj = dict[str, Any]
@@ -135,6 +160,18 @@ class ApiError(Exception):
         super().__init__(message)
         self.body = status(code, reason, message, details)
         self.code = code
+
+
+def invalid(obj: Obj, errs: list[FieldError]) -> ApiError:
+    """422 Invalid as apierrors.NewInvalid writes it: one ``details.causes`` entry per field error,
+    the message ``<Kind>[.<group>] "<name>" is invalid: <errors>``."""
+    group = obj.get("apiVersion", "").rpartition("/")[0]
+    name = (obj.get("metadata") or {}).get("name")
+    texts = [f"{path}: {body}" for _reason, path, body in errs]
+    what = f'{obj.get("kind")}{"." + group if group else ""} "{name}" is invalid'
+    return ApiError(422, "Invalid", f"{what}: {texts[0] if len(texts) == 1 else '[' + ', '.join(texts) + ']'}",
+                    {"name": name, "group": group, "kind": obj.get("kind"),
+                     "causes": [{"reason": r, "message": b, "field": f} for r, f, b in errs]})
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -386,6 +423,9 @@ class FakeKube:
                 obj = self.admit_custom(obj, field_validation)
                 meta = obj["metadata"]
                 self.validate(obj)
+                errs = self._kind_errors(key, obj, None)
+                if errs:
+                    raise invalid(obj, errs)
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = iso(self.now())
             meta["generation"] = 1
@@ -414,7 +454,11 @@ class FakeKube:
             else:
                 new = copy_obj(obj)
                 meta = new.setdefault("metadata", {})
-                for k in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"):
+                # rest.BeforeUpdate: an empty uid is the stored one (a different one is refused below);
+                # the timestamps are the stored ones whatever the client sent
+                if not meta.get("uid") or not validate:
+                    meta["uid"] = current["metadata"].get("uid")
+                for k in ("creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"):
                     if k in current["metadata"]:
                         meta[k] = current["metadata"][k]
                 if key[2] is not None:
@@ -424,15 +468,41 @@ class FakeKube:
                         new["status"] = copy_obj(current["status"])
                     else:
                         new.pop("status", None)
+                if new["kind"] == "Service":
+                    service_allocated(new, current)
                 apply_defaults(new, self._ips)
                 if validate:
                     new = self.admit_custom(new, field_validation)
                     meta = new["metadata"]
                     self.validate(new)
+                    # the stored object as the API server decodes it from etcd: defaulted (one
+                    # seeded here by put_object, another controller's write, may not be)
+                    stored = copy_obj(current)
+                    apply_defaults(stored, [0])
+                    errs = self._kind_errors(key, new, stored)
+                    if errs:
+                        raise invalid(new, errs)
                 gen = current["metadata"].get("generation", 1)
                 meta["generation"] = gen + 1 if new.get("spec") != current.get("spec") else gen
             self._commit(key, new, "PUT", manager)
             return copy_obj(new)
+
+    @staticmethod
+    def _kind_errors(key: Key, new: Obj, old: Obj | None) -> list[FieldError]:
+        """The API server's own validation beyond the OpenAPI schema, for a create (``old`` None)
+        or an update: immutable fields (fakesem.update_errors), Events, PodDisruptionBudgets."""
+        group, plural = key[0], key[1]
+        errs: list[FieldError] = [] if old is None else update_errors(group, new["kind"], new, old)
+        if plural == "events":
+            if old is None:
+                errs += event_errors(new, events_api=group == "events.k8s.io")
+            elif group == "events.k8s.io":
+                errs += event_update_errors(new, old)
+            else:
+                errs += event_errors(new, events_api=False, create=False)
+        elif plural == "poddisruptionbudgets":
+            errs += pdb_errors(new)
+        return errs
 
     def delete_obj(self, key: Key, manager: str = "test", *, grace_s: float | None = None,
                    policy: str | None = None) -> Obj:
@@ -489,30 +559,53 @@ class FakeKube:
             if key[3] in self.blocked_evictions:
                 raise ApiError(429, "TooManyRequests",
                                "Cannot evict pod as it would violate the pod's disruption budget.")
+            # canIgnorePDB: a terminating, pending or finished pod goes without looking at a budget
+            phase = (pod.get("status") or {}).get("phase")
             if pod["metadata"].get("deletionTimestamp"):
                 return status(201, "", f"pod {key[3]} is already terminating") | {"status": "Success"}
-            phase = (pod.get("status") or {}).get("phase")
+            if phase in ("Succeeded", "Failed", "Pending"):
+                self.delete_obj(key, manager)
+                return status(201, "", f"pod {key[3]} evicted") | {"status": "Success"}
             lbls = pod["metadata"].get("labels") or {}
+            # a budget without a selector (nil) selects nothing; an empty one, every pod of its namespace
             pdbs = [p for (_g, _p, ns, _n), p in self._by_type.get(("policy", "poddisruptionbudgets"), {}).items()
-                    if ns == key[2] and selector_matches(match_labels_selector(p["spec"].get("selector")), lbls)]
+                    if ns == key[2] and (p.get("spec") or {}).get("selector") is not None
+                    and selector_matches(match_labels_selector(p["spec"]["selector"]), lbls)]
             if len(pdbs) > 1:
                 raise ApiError(500, "InternalError", "This pod has more than one PodDisruptionBudget, "
                                "which the eviction subresource does not support.")
-            if pdbs and phase not in ("Succeeded", "Failed", "Pending"):
+            if pdbs:
                 self._charge_budget(pdbs[0], pod, manager)
             self.delete_obj(key, manager)
             return status(201, "", f"pod {key[3]} evicted") | {"status": "Success"}
 
     def _charge_budget(self, pdb: Obj, pod: Obj, manager: str) -> None:
+        """The budget check of pkg/registry/core/pod/storage/eviction.go: a pod that is not Ready
+        goes uncharged under ``unhealthyPodEvictionPolicy: AlwaysAllow``, or (unset or
+        IfHealthyBudget) while the budget is met and wants at least one healthy pod; any
+        other goes through checkAndDecrement."""
         st = pdb.get("status") or {}
         name = pdb["metadata"]["name"]
-        if st.get("observedGeneration", 0) < pdb["metadata"].get("generation", 1):
-            raise ApiError(429, "TooManyRequests", f"The disruption budget {name} is still being processed by the server.")
         ready = any(c.get("type") == "Ready" and c.get("status") == "True"
                     for c in (pod.get("status") or {}).get("conditions") or [])
-        if not ready and st.get("currentHealthy", 0) >= st.get("desiredHealthy", 0):
-            return  # an unhealthy pod may go while the budget is otherwise met (IfHealthyBudget)
-        if st.get("disruptionsAllowed", 0) <= 0:
+        if not ready:
+            if (pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy") == "AlwaysAllow":
+                return
+            desired = st.get("desiredHealthy", 0)
+            if st.get("currentHealthy", 0) >= desired > 0:
+                return
+        # checkAndDecrement
+        if st.get("observedGeneration", 0) < pdb["metadata"].get("generation", 1):
+            raise ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.",
+                           {"causes": [{"reason": "DisruptionBudget", "message": f"The disruption budget {name} is "
+                                        "still being processed by the server."}], "retryAfterSeconds": 10})
+        if st.get("disruptionsAllowed", 0) < 0:
+            raise ApiError(403, "Forbidden", f'poddisruptionbudget.policy "{name}" is forbidden: '
+                           "pdb disruptions allowed is negative")
+        if len(st.get("disruptedPods") or {}) > 2000:
+            raise ApiError(403, "Forbidden", f'poddisruptionbudget.policy "{name}" is forbidden: DisruptedPods map '
+                           "too big - too many evictions not confirmed by PDB controller")
+        if st.get("disruptionsAllowed", 0) == 0:
             raise ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.",
                            {"causes": [{"reason": "DisruptionBudget", "message": f"The disruption budget {name} needs "
                                         f"{st.get('desiredHealthy', 0)} healthy pods and has "
@@ -548,6 +641,11 @@ class FakeKube:
         except ValueError:
             return 400, status(400, "BadRequest", "body is not JSON")
         manager = manager_of(user_agent)
+        if name is None and method == "GET" and q.get("fieldSelector"):
+            try:
+                check_field_selector((group, plural), q["fieldSelector"])
+            except ValueError as exc:
+                return 400, status(400, "BadRequest", str(exc))
         try:
             if name is None and method == "GET" and q.get("watch") in ("1", "true"):
                 return 200, self._watch((group, plural), ns, q)
@@ -593,8 +691,11 @@ class FakeKube:
             policy = opts.get("propagationPolicy") or q.get("propagationPolicy")
             return 200, self.delete_obj(key, manager, grace_s=None if grace is None else float(grace), policy=policy)
         if method == "PUT":
-            if not isinstance(payload, dict) or (payload.get("metadata") or {}).get("name") != name:
-                raise ApiError(400, "BadRequest", "the name of the object does not match the name in the URL")
+            if not isinstance(payload, dict):
+                raise ApiError(400, "BadRequest", "body must be an object")
+            self._check_name(payload, name, ns)
+            if ns is not None:
+                payload["metadata"]["namespace"] = ns
             payload["apiVersion"], payload["kind"] = current["apiVersion"], current["kind"]
             return 200, self.update_obj(payload, manager, sub=sub, field_validation=q.get("fieldValidation", "Warn"))
         if method == "PATCH":
@@ -607,22 +708,35 @@ class FakeKube:
             if sub == "status":
                 patch = {"status": patch.get("status") or {}}
             merged = merge_patch(current, patch)
+            self._check_name(merged, name, ns)
             merged["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             return 200, self.update_obj(merged, manager, sub=sub, field_validation=q.get("fieldValidation", "Warn"))
         raise ApiError(405, "MethodNotAllowed", method)
 
-    def _matches(self, obj: Obj, ns: str | None, q: dict) -> bool:
+    @staticmethod
+    def _check_name(obj: Obj, name: str, ns: str | None) -> None:
+        """checkName (apiserver handlers/rest.go), for a PUT body and a patched object: 400 when the
+        object names another object than the URL; an unset namespace is the URL's."""
+        meta = obj.get("metadata") or {}
+        if meta.get("name") != name:
+            raise ApiError(400, "BadRequest", f"the name of the object ({meta.get('name')}) does not match "
+                           f"the name on the URL ({name})")
+        if ns and meta.get("namespace") and meta["namespace"] != ns:
+            raise ApiError(400, "BadRequest", f"the namespace of the object ({meta['namespace']}) does not match "
+                           f"the namespace on the request ({ns})")
+
+    def _matches(self, obj: Obj, ns: str | None, q: dict, res: tuple[str, str] | None = None) -> bool:
         meta = obj["metadata"]
         if ns is not None and meta.get("namespace") != ns:
             return False
         if q.get("labelSelector") and not selector_matches(q["labelSelector"], meta.get("labels") or {}):
             return False
-        return not q.get("fieldSelector") or fields_match(q["fieldSelector"], obj)
+        return not q.get("fieldSelector") or fields_match(q["fieldSelector"], obj, res)
 
     def _list(self, res: tuple[str, str], ns: str | None, q: dict) -> Obj:
         r = RESOURCES[res]
         items = [copy_obj(o) for k, o in sorted(self._by_type.get(res, {}).items(), key=lambda kv: (kv[0][2] or "", kv[0][3]))
-                 if self._matches(o, ns, q)]
+                 if self._matches(o, ns, q, res)]
         api_version = next((o["apiVersion"] for o in items), None) or (f"{res[0]}/v1" if res[0] else "v1")
         return {"apiVersion": api_version, "kind": f"{r.kind}List",
                 "metadata": {"resourceVersion": str(self._rv)}, "items": items}
@@ -656,10 +770,10 @@ class FakeKube:
 
     # ------------------------------------------------------------ watch
 
-    def _translate(self, ev: _Event, ns: str | None, q: dict) -> Obj | None:
-        now_in = self._matches(ev.obj, ns, q)
+    def _translate(self, ev: _Event, ns: str | None, q: dict, res: tuple[str, str] | None = None) -> Obj | None:
+        now_in = self._matches(ev.obj, ns, q, res)
         if ev.type == "MODIFIED":
-            was_in = ev.prev is not None and self._matches(ev.prev, ns, q)
+            was_in = ev.prev is not None and self._matches(ev.prev, ns, q, res)
             if was_in and not now_in:
                 return {"type": "DELETED", "object": ev.obj}
             if now_in and not was_in:
@@ -675,7 +789,7 @@ class FakeKube:
         with self.lock:
             if rv_text in ("", "0"):
                 initial = [{"type": "ADDED", "object": copy_obj(o)} for o in self._by_type.get(res, {}).values()
-                           if self._matches(o, ns, q)]
+                           if self._matches(o, ns, q, res)]
                 last = self._rv
             else:
                 try:
@@ -709,7 +823,7 @@ class FakeKube:
                             i = bisect.bisect_right(log, last, key=lambda e: e.rv)
                         for ev in log[i:]:
                             last = ev.rv
-                            t = self._translate(ev, ns, q)
+                            t = self._translate(ev, ns, q, res)
                             if t is not None:
                                 out.append(t)
                         now = time.monotonic()
