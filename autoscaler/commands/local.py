@@ -25,6 +25,7 @@ import logging.handlers
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -49,6 +50,8 @@ from autoscaler.runtime.local_setup import SetupError, cluster_from_config
 from autoscaler.status import render_table
 
 EXIT_NOT_RUNNING = 1
+# status.json is rewritten every second; one older than this comes from a controller that is hung
+STATUS_STALE_S = 15.0
 # controller.log: 5 MB and one rotated part (a traceback every 5 s tick is ~2 KB: hours of it).
 LOG_MAX_BYTES = 5 * 1024 * 1024
 
@@ -194,7 +197,8 @@ def register(app: typer.Typer) -> None:
     @app.command("down")
     def down(
         run_dir: Annotated[Path, typer.Option("--run-dir", help="state dir of the controller")] = Path(".migscale"),
-        timeout_s: Annotated[float, typer.Option("--timeout-s", help="wait this long for a clean stop")] = 60.0,
+        timeout_s: Annotated[float, typer.Option("--timeout-s", help="wait this long for a clean stop",
+                                                 min=0.0, max=3600.0)] = 60.0,
     ) -> None:
         """Stop the controller running in RUN_DIR and every process started from it.
 
@@ -251,4 +255,11 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"the controller in {rd} has not written status.json yet; try again", err=True)
             raise typer.Exit(EXIT_NOT_RUNNING)
         typer.echo(json.dumps(doc, indent=2) if as_json else render_table(doc))
+        age = time.time() - doc["t_s"] if isinstance(doc.get("t_s"), (int, float)) else None
+        if age is not None and age > STATUS_STALE_S:
+            # the controller rewrites it every second: this old, it is hung (stopped, stuck), and
+            # what the table says is how things were then, not now
+            typer.echo(f"status.json in {rd} is {age:.0f}s old: the controller (pid {doc.get('controller_pid')}) "
+                       "is not updating it; the table above may no longer be true", err=True)
+            raise typer.Exit(EXIT_NOT_RUNNING)
 

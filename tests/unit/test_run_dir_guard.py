@@ -83,3 +83,35 @@ def test_owned_tempdir_removes_what_a_killed_run_left_and_nothing_else(tmp_path,
         left = sorted(p.name for p in tmp_path.iterdir())
     assert "p-killed" not in left and {"p-running", "p-foreign", mine.name} <= set(left)
     assert not mine.exists()  # its own folder goes at the end
+
+
+def test_status_from_a_controller_that_stopped_updating_it_is_flagged_not_shown_as_current(tmp_path):
+    """status.json is rewritten every second: a stopped (SIGSTOP) or stuck controller leaves an old one,
+    which `status` printed as the present, exit 0, while nothing was serving."""
+    import json
+    import time
+
+    from autoscaler.act.local.pids import RunDirLock
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    mark_run_dir(rd)
+    doc = {"controller_pid": 4242, "replicas": [], "gpus": [], "frontdoor": "http://127.0.0.1:1"}
+    lock = RunDirLock(rd)
+    assert lock.acquire()  # the controller holds its lock, hung or not
+    try:
+        (rd / "status.json").write_text(json.dumps({**doc, "t_s": time.time()}))
+        fresh = CliRunner().invoke(app, ["status", "--run-dir", str(rd)])
+        assert fresh.exit_code == 0 and "not updating" not in fresh.output
+        (rd / "status.json").write_text(json.dumps({**doc, "t_s": time.time() - 120}))
+        stale = CliRunner().invoke(app, ["status", "--run-dir", str(rd)])
+        assert stale.exit_code == 1
+        assert "s old: the controller (pid 4242) is not updating it" in stale.output
+    finally:
+        lock.release()
+
+
+def test_down_refuses_a_negative_or_absurd_timeout(tmp_path):
+    for bad in ("-1", "nan", "1e9"):
+        res = CliRunner().invoke(app, ["down", "--run-dir", str(tmp_path), "--timeout-s", bad])
+        assert res.exit_code == 2 and "--timeout-s" in res.output, (bad, res.output)
