@@ -157,6 +157,7 @@ def test_a_model_that_crashes_after_turning_ready_is_held_and_backs_off(tmp_path
         first = next(r for r in c.replicas())
         wait_until(lambda: first.state is ReplicaState.CRASHLOOP, 60, "the first replica to crash-loop")
         assert first.restarts >= 1  # it was ready, crashed, restarted at once, was ready, crashed again
+        assert first.last_error[-1] == "killed by SIGKILL (its log shows no error)", first.last_error
         assert "late" not in c.in_flight()[1]  # one looping replica: the policy may try a replacement
         assert c.apply([Action(ActionKind.CREATE, R, gpu=GPU, model="late", profile="1g.10gb", start=1)]) == []
         second = next(r for r in c.replicas() if r.id != first.id)

@@ -36,6 +36,7 @@ on the same port. Every ``ROTATE_EVERY_S`` the logs are cut to size.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 import traceback
@@ -202,6 +203,13 @@ class SupervisionMixin:
         r.exited_s = now
         r.exit_code = r.process.proc.returncode if r.process.proc is not None else None
         r.last_error = tuple(r.process.error_lines())
+        if r.exit_code is not None and r.exit_code < 0:
+            # killed, not failed: its log ends wherever it was (often a banner line), so say what ended it
+            try:
+                name = signal.Signals(-r.exit_code).name
+            except ValueError:
+                name = f"signal {-r.exit_code}"
+            r.last_error = (*r.last_error[-4:], f"killed by {name} (its log shows no error)")
         what = f"group {r.id} lost a member ({', '.join(r.process.exited())})" if r.is_group else \
             f"replica {r.id} died (exit {r.exit_code})"
         delay = c.backoff.delay_s(r.id, now, now)
