@@ -174,6 +174,30 @@ def test_a_model_that_crashes_after_turning_ready_is_held_and_backs_off(tmp_path
         assert left == {}, f"left behind: {[proc_command(p) for p in left]}"
 
 
+def test_a_replica_that_never_turns_ready_is_stopped_and_restarted_under_the_back_off(tmp_path):
+    """Its initialize hangs: the server lives, never ready. It used to stay `starting` for good
+    (counted as capacity on its way); after the startup timeout it is stopped and restarted."""
+    c = LocalCluster(
+        tmp_path / "run", {"hang": ModelRuntime("hang", FAULTS, "hang")},
+        [GpuState(GPU, "node-a", "A100-SXM4-80GB", layout=(Placement(0, "1g.10gb"),))],
+        restart_backoff=BackoffPolicy(initial_s=30.0, max_s=60.0, reset_after_s=600.0),
+        emulate=False, wait_ready_timeout_s=60, startup_timeout_s=4.0,
+    )
+    c.start()
+    try:
+        assert c.apply([Action(ActionKind.CREATE, R, gpu=GPU, model="hang", profile="1g.10gb", start=0)]) == []
+        r = next(iter(c.replicas()))
+        # the first stop restarts it at once (kubelet's first restart); the second waits out the back-off
+        wait_until(lambda: r.state is ReplicaState.CRASHLOOP, 60, "the stuck replica to be stopped twice")
+        assert r.restarts == 1
+        assert r.last_error[-1].startswith("not ready after 4s; stopped"), r.last_error
+        assert not r.process.alive() and _stubs(c.run_dir) == []  # its whole group went
+    finally:
+        c.stop()
+        left = started_from(c.run_dir, [])
+        assert left == {}, f"left behind: {[proc_command(p) for p in left]}"
+
+
 class _DrainedWhileLooked:
     """A dead process whose liveness check races a drain, as the drain thread would:
     it sets DRAINING under the cluster's lock (blocking while the supervisor holds it)."""

@@ -74,9 +74,12 @@ class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
         emulate: bool = True,
         launcher: ReplicaLauncher | None = None,
         restart_backoff: BackoffPolicy | None = None,
+        startup_timeout_s: float = 600.0,
     ) -> None:
         """``launcher``: where replica processes come from (default: real ``tritonserver``
-        processes); the contract suite injects fast fake ones."""
+        processes); the contract suite injects fast fake ones. ``startup_timeout_s``: a replica
+        not ready this long after its start is stopped and restarted under the back-off, as
+        the kubelet does on a failed startup probe (the Kubernetes render allows the same 600 s)."""
         self.run_dir = Path(run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         mark_run_dir(self.run_dir)
@@ -85,6 +88,7 @@ class LocalCluster(ApplyMixin, GroupsMixin, SupervisionMixin):
         self.tritonserver = tritonserver
         self.mig_uuids = dict(mig_uuids or {})
         self.wait_ready_timeout_s = wait_ready_timeout_s
+        self.startup_timeout_s = startup_timeout_s
         self.drain_timeout_s = drain_timeout_s
         self.term_timeout_s = term_timeout_s
         self.auto_replace = auto_replace

@@ -57,6 +57,7 @@ class LocalReplica:
     exit_code: int | None = None
     next_restart_s: float | None = None
     last_error: tuple[str, ...] = ()
+    startup_timed_out: bool = False  # stopped by the supervisor for not turning ready in time
 
     def __post_init__(self) -> None:
         if self.created_s is None:

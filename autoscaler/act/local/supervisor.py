@@ -121,6 +121,7 @@ class SupervisionMixin:
         c = self
         now = c.clock.now()
         c._supervise_infra(now)
+        c._stop_stuck_starts(now)
         died: list[LocalReplica] = []
         probe: list[tuple[LocalReplica, object]] = []
         due: list[LocalReplica] = []
@@ -165,6 +166,20 @@ class SupervisionMixin:
                 live = set(c._replicas) | set(c.infra)
             c.backoff.retain(live)  # deleted replicas' back-off entries go: the map stays bounded
 
+    def _stop_stuck_starts(self, now: float) -> None:
+        """Kill each replica still not ready ``startup_timeout_s`` after its start (a model whose
+        ``initialize`` hangs): the pass that follows sees it dead and restarts it under the
+        back-off. Left alone it stayed ``starting`` for good, counted as capacity on its way."""
+        c = self
+        with c._lock:
+            stuck = [r for r in c._replicas.values() if r.state is ReplicaState.STARTING and not r.routable
+                     and now - r.since_s > c.startup_timeout_s and r.process.alive()]
+            for r in stuck:
+                r.startup_timed_out = True
+        for r in stuck:
+            c.log(f"replica {r.id} not ready after {c.startup_timeout_s:.0f}s; stopping it")
+            r.process.reap()  # its whole process group, at once
+
     def _publish_routes(self, became_ready: list[LocalReplica], died: list[LocalReplica]) -> None:
         """nginx first, then READY: whoever waits for READY (WAIT_READY, then a DRAIN of
         the old replica) can rely on the door. A retiring worker may still accept a
@@ -203,7 +218,11 @@ class SupervisionMixin:
         r.exited_s = now
         r.exit_code = r.process.proc.returncode if r.process.proc is not None else None
         r.last_error = tuple(r.process.error_lines())
-        if r.exit_code is not None and r.exit_code < 0:
+        if r.startup_timed_out:
+            r.startup_timed_out = False
+            stopped = f"not ready after {c.startup_timeout_s:.0f}s; stopped (the lines above are where its log stops)"
+            r.last_error = (*r.last_error[-4:], stopped)
+        elif r.exit_code is not None and r.exit_code < 0:
             # killed, not failed: its log ends wherever it was (often a banner line), so say what ended it
             try:
                 name = signal.Signals(-r.exit_code).name
