@@ -43,6 +43,7 @@ from autoscaler.act.local.pids import (
 )
 from autoscaler.act.local.ports import PortInUse, check_bindable
 from autoscaler.act.local.preflight import preflight
+from autoscaler.act.local.triton import remove_run_dir_shm
 from autoscaler.commands._common import fail, load_or_exit
 from autoscaler.runtime.live_models import LiveModels
 from autoscaler.runtime.local import LocalController, run_controller
@@ -84,6 +85,7 @@ def _clean_stale(run_dir: Path) -> list[int]:
     stopped = sweep(run_dir, load_records(run_dir))
     for f in ("controller.json", "status.json", "pids.json"):
         (run_dir / f).unlink(missing_ok=True)
+    remove_run_dir_shm(run_dir)  # what its killed servers left in /dev/shm (RAM)
     return stopped
 
 

@@ -30,7 +30,7 @@ from autoscaler.act.local.nginx import NginxError, NginxFrontDoor, Route
 from autoscaler.act.local.pids import proc_alive, proc_command, started_from
 from autoscaler.act.local.ports import PortInUse
 from autoscaler.act.local.replicas import LocalReplica, ModelRuntime
-from autoscaler.act.local.triton import free_port
+from autoscaler.act.local.triton import free_port, shm_prefix
 from autoscaler.mig.layout import Placement
 from autoscaler.policy.types import Action, ActionKind, GpuState, Reason, ReplicaState
 
@@ -44,6 +44,12 @@ R = Reason.MIN_REPLICAS
 
 def _stubs(run_dir: Path) -> list[int]:
     return [p for p in started_from(run_dir, []) if "triton_python_backend_stub" in proc_command(p)]
+
+
+def _shm(run_dir: Path) -> list[str]:
+    """The Python backend's shared-memory regions of the servers run from ``run_dir``."""
+    prefix = shm_prefix(Path("x"), run_dir.resolve()).rsplit("-", 2)[0]  # migscale-<run dir tag>
+    return sorted(p.name for p in Path("/dev/shm").glob(prefix + "-*"))
 
 
 def _pgid(pid: int) -> int | None:
@@ -163,15 +169,23 @@ def test_a_model_that_crashes_after_turning_ready_is_held_and_backs_off(tmp_path
         second = next(r for r in c.replicas() if r.id != first.id)
         wait_until(lambda: second.state is ReplicaState.CRASHLOOP, 60, "the replacement to crash-loop")
         # the replacement loops too: held, and it stays held while the two turn ready for 3 s at a time
+        seen_regions = 0
         deadline = time.monotonic() + 12
         while time.monotonic() < deadline:
             assert c.status()["crashloop_held"] == ["late"], [r.state for r in c.replicas()]
+            # each killed server's 1 MiB /dev/shm region goes with it: at most one per live server
+            # (one per start accumulated before, in RAM)
+            mine = _shm(c.run_dir)
+            assert len(mine) <= 2, mine
+            seen_regions = max(seen_regions, len(mine))
             time.sleep(0.2)
+        assert seen_regions >= 1  # the servers' regions carry the run directory's prefix
         assert {r.id for r in c.replicas()} == {first.id, second.id}
     finally:
         c.stop()
         left = started_from(c.run_dir, [])
         assert left == {}, f"left behind: {[proc_command(p) for p in left]}"
+        assert _shm(c.run_dir) == []
 
 
 def test_a_replica_that_never_turns_ready_is_stopped_and_restarted_under_the_back_off(tmp_path):

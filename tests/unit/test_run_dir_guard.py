@@ -115,3 +115,23 @@ def test_down_refuses_a_negative_or_absurd_timeout(tmp_path):
     for bad in ("-1", "nan", "1e9"):
         res = CliRunner().invoke(app, ["down", "--run-dir", str(tmp_path), "--timeout-s", bad])
         assert res.exit_code == 2 and "--timeout-s" in res.output, (bad, res.output)
+
+
+def test_down_removes_what_killed_servers_of_its_run_directory_left_in_dev_shm_and_nothing_else(tmp_path):
+    from autoscaler.act.local.triton import SHM_DIR, shm_prefix
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    mark_run_dir(rd)
+    ours = SHM_DIR / (shm_prefix(rd / "replicas" / "resnet-0", rd.resolve()) + "0f1e2d3c")
+    other_run = SHM_DIR / (shm_prefix(tmp_path / "w", (tmp_path / "other").resolve()) + "0f1e2d3c")
+    foreign = SHM_DIR / f"triton_python_backend_shm_region_{tmp_path.name}"
+    for f in (ours, other_run, foreign):
+        f.write_bytes(b"\\0" * 16)
+    try:
+        res = CliRunner().invoke(app, ["down", "--run-dir", str(rd)])
+        assert res.exit_code == 0, res.output
+        assert not ours.exists() and other_run.exists() and foreign.exists()
+    finally:
+        for f in (ours, other_run, foreign):
+            f.unlink(missing_ok=True)

@@ -12,6 +12,7 @@ puts its cwd first on ``sys.path``.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import socket
@@ -167,6 +168,39 @@ def triton_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# Triton's Python backend keeps a 1 MiB shared-memory region per server in /dev/shm (RAM), named
+# ``<shm-region-prefix-name><uuid>``, and removes it only at an orderly exit: a crashed or killed
+# server leaves it. Each server gets a prefix that names its run directory and work directory,
+# so what a dead one left can be found and removed, and nothing else is touched.
+SHM_DIR = Path("/dev/shm")
+
+
+def _tag(path: Path) -> str:
+    return hashlib.sha1(str(path).encode()).hexdigest()[:10]
+
+
+def shm_prefix(workdir: Path, run_dir: Path | None) -> str:
+    """``migscale-<run dir tag>-<work dir tag>-``: the Python backend's region prefix for one server."""
+    return f"migscale-{_tag(run_dir)}-{_tag(workdir)}-" if run_dir is not None else f"migscale-{_tag(workdir)}-"
+
+
+def remove_shm_regions(prefix: str) -> int:
+    """Remove the shared-memory regions named ``prefix*`` (their servers are gone); how many."""
+    n = 0
+    for f in SHM_DIR.glob(prefix + "*") if SHM_DIR.is_dir() else ():
+        try:
+            f.unlink()
+            n += 1
+        except OSError:
+            pass  # already gone, or not ours to remove
+    return n
+
+
+def remove_run_dir_shm(run_dir: Path) -> int:
+    """Every region of the servers of ``run_dir`` (``migscale down``/``up`` once nothing of it runs)."""
+    return remove_shm_regions(f"migscale-{_tag(Path(run_dir).resolve())}-")
+
+
 class TritonProcess:
     """One tritonserver serving ``models`` from ``model_repository`` on its own ports.
 
@@ -199,6 +233,7 @@ class TritonProcess:
         self.extra_args = list(extra_args)
         self.summaries = summaries
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
+        self.shm_prefix = shm_prefix(self.workdir, self.run_dir)
         # one copy of the backends (~2.8 MB) shared by every replica, not one per start
         self.backends_dir = Path(backends_dir) if backends_dir is not None else self.workdir.parent / "backends"
         self.proc: subprocess.Popen | None = None
@@ -246,6 +281,7 @@ class TritonProcess:
             "--log-verbose=0",
             # Triton's default exit timeout is 30 s; a drained replica has nothing in flight.
             "--exit-timeout-secs=5",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
         ]
         if self.summaries:
             cmd.append("--metrics-config=summary_latencies=true")
@@ -341,15 +377,19 @@ class TritonProcess:
         return error_lines(tail_lines(self.log_path, 200), keep)
 
     def reap(self) -> None:
-        """After the server died: end what it left in its group (its Python stubs), at once."""
+        """After the server died: end what it left in its group (its Python stubs) and in /dev/shm, at once."""
         if self.proc is not None:
             kill_group(self.proc.pid)
+            remove_shm_regions(self.shm_prefix)
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout_s``; stops only the process group we started."""
         # The Python backend stubs are children of tritonserver in the group we
         # created; signalling the group by our own PID reaches them and nothing else.
-        return stop_child(self.proc, timeout_s)
+        code = stop_child(self.proc, timeout_s)
+        if self.proc is not None and self.proc.poll() is not None:
+            remove_shm_regions(self.shm_prefix)  # an orderly exit removed its own; a killed one did not
+        return code
 
     def __enter__(self) -> Self:
         self.start()
