@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from autoscaler.act.local.cluster import LocalCluster
-from autoscaler.act.local.pids import write_json_atomic
+from autoscaler.act.local.pids import RUN_DIR_MARKER, write_json_atomic
 from autoscaler.act.local.prometheus import SCRAPE_INTERVAL_S, HoldWhileWarming
 from autoscaler.api.app import create_app
 from autoscaler.api.server import ServerHandle, serve_in_thread
@@ -258,6 +258,13 @@ def run_controller(
         seen = [cluster.events_total]
 
         def idle() -> None:
+            if not (cluster.run_dir / RUN_DIR_MARKER).exists():
+                # The run directory was deleted under us: no `down` or `status` can find this
+                # controller any more, and a new `up` there would not see its lock. Stop everything.
+                if not stop.is_set():
+                    say(f"the run directory {cluster.run_dir} was removed: stopping")
+                stop.set()
+                return
             if live is not None:
                 live.poll()
             cluster.refresh_loads()

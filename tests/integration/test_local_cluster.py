@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -331,7 +332,7 @@ def _recorded(run_dir: Path) -> set[int]:
     return pids
 
 
-@pytest.mark.parametrize("stop_with", ["down", "sigint"])
+@pytest.mark.parametrize("stop_with", ["down", "sigint", "removed"])
 def test_cli_up_status_down_leaves_no_orphans(tmp_path, stop_with):
     models, cluster, run_dir = _write_configs(tmp_path)
     up = subprocess.Popen(
@@ -366,10 +367,16 @@ def test_cli_up_status_down_leaves_no_orphans(tmp_path, stop_with):
             d = _cli("down", "--run-dir", str(run_dir))
             assert d.returncode == 0, d.stdout + d.stderr
             assert f"stopped controller {up.pid}" in d.stdout
+        elif stop_with == "removed":
+            # the run directory deleted under a running controller: `down` could no longer find
+            # it, and it restarted what the sweep stopped; it must notice and stop everything
+            shutil.rmtree(run_dir, ignore_errors=True)
         else:
             os.kill(up.pid, signal.SIGINT)
         out, _ = up.communicate(timeout=60)
         assert up.returncode == 0, out
+        if stop_with == "removed":
+            assert "was removed: stopping" in out
         assert "front door:" in out and "metrics API:" in out
         assert [p for p in pids if proc_alive(p)] == []
         gone = _cli("status", "--run-dir", str(run_dir))
