@@ -157,6 +157,15 @@ def render_table(status: dict) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     trouble = crashloop_lines(status)
+    cfg = status.get("config")
+    if isinstance(cfg, dict):
+        # a declared model with no replica at all has no row above: say so (the fleet is full,
+        # or its replicas are still being placed); its front-door route answers 503 meanwhile
+        served = {r.get("model") for r in status.get("replicas", [])}
+        missing = [m for m in cfg.get("models") or [] if m not in served]
+        if missing:
+            trouble.append(f"no replica: {', '.join(missing)} (the fleet has no room, or they are being placed; "
+                           "`migscale explain` says which)")
     if trouble:
         lines += ["", *trouble]
     lines.append("")
@@ -173,7 +182,6 @@ def render_table(status: dict) -> str:
         lines.append(f"prometheus:  {prom} restarted or dropped scrapes: the loop holds every model until it has a whole window")
     else:
         lines.append(f"prometheus:  {prom}{_infra_note(status, 'prometheus')}")
-    cfg = status.get("config")
     if isinstance(cfg, dict):
         refused = f"; generation {cfg['refused_generation']} refused: {cfg['error']}" if cfg.get("error") else ""
         lines.append(f"config:      generation {cfg.get('generation')} ({', '.join(cfg.get('models') or [])}){refused}")
@@ -190,7 +198,7 @@ def crashloop_lines(status: dict) -> list[str]:
             lines.append(f"{r['id']}: {r['state']} after {r.get('restarts', 0)} restart(s){when}; last error:")
             lines.extend(f"    {ln}" for ln in (r.get("last_error") or ["(no log output)"]))
     for m in status.get("crashloop_held", []):
-        lines.append(f"{m}: every replica tried crash-loops; no new replicas until one is ready")
+        lines.append(f"{m}: every replica tried crash-loops; no new replicas until one has stayed ready 60s")
     return lines
 
 

@@ -100,6 +100,19 @@ def test_crashloop_row_shows_restarts_and_last_error_lines():
     assert "[crashloop, restart in 9s: bind() to 127.0.0.1:8000 failed" in text
 
 
+def test_status_names_the_declared_models_that_have_no_replica():
+    """Ten models on seven slices: the three without a slice had no row at all, and nothing said so."""
+    cluster = ClusterState((GpuState("n/0", "n", "A100-SXM4-80GB"),),
+                           (Replica("m00-0", "m00", "1g.10gb", "n/0", 0, ReplicaState.READY, 1.0),))
+    doc = build_status(cluster, frontdoor="http://127.0.0.1:1", metrics_api=None, prometheus=None,
+                       endpoints={"m00-0": ReplicaEndpoint(1234, 99)})
+    doc["config"] = {"generation": 1, "models": ["m00", "m07", "m08"]}
+    text = render_table(doc)
+    assert "no replica: m07, m08 (the fleet has no room" in text
+    doc["config"]["models"] = ["m00"]
+    assert "no replica" not in render_table(doc)
+
+
 def test_error_lines_pick_the_error_not_the_banner():
     log = [
         "I1201 server.cc:305] Waiting for in-flight requests to complete.",
