@@ -15,34 +15,105 @@ explained by it, not only by the planner's reasons.
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autoscaler.commands._common import fail, print_rows
+from autoscaler.config.io import format_errors
 from autoscaler.status import crashloop_lines
 
 LOG_NAME = "decisions.jsonl"
 
 
-def read_last_decision(path: Path) -> dict[str, Any] | None:
-    """The newest well-formed decision line; None if none."""
+class _ModelRow(BaseModel):
+    """The fields of a model's inputs that ``render`` computes with; the rest it only prints."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    headroom: float | None = None
+    headroom_quantile: float | None = None
+    cycle_s: float | None = None
+    stages: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class _Record(BaseModel):
+    """The shape of a decision line as ``render`` reads it (``loop.decision_record`` writes it)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    t_s: float = Field(allow_inf_nan=False)
+    models: dict[str, _ModelRow] | None = None
+    reasons: dict[str, list[str]] | None = None
+    target_rps: dict[str, Any] | None = None
+    actions: list[dict[str, Any]] | None = None
+    errors: list[Any] | None = None
+    notes: list[Any] | None = None
+
+
+@dataclass(frozen=True)
+class LogRead:
+    """The newest well-formed decision, and what was passed over on the way."""
+
+    record: dict[str, Any] | None
+    skipped: int = 0  # JSON objects with a t_s whose fields have the wrong shape
+    last_problem: str | None = None  # "line N: field: message, got VALUE" of the newest skipped
+
+
+def read_decisions(path: Path) -> LogRead:
+    """Read the decision log; a line cut short by a crash mid-write is passed over silently,
+    a whole JSON record of the wrong shape (a hand-edited or foreign file) is counted."""
     last: dict[str, Any] | None = None
+    skipped, problem = 0, None
     with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
+        for lineno, line in enumerate(f, start=1):
             line = line.strip()
             if not line:
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a crash mid-write
+            except (json.JSONDecodeError, RecursionError):
+                continue
             if not isinstance(rec, dict) or "t_s" not in rec:
                 continue
+            try:
+                _Record.model_validate(rec)
+            except ValidationError as exc:
+                skipped += 1
+                problem = f"line {lineno}: {format_errors(exc, _Record)[0]}"
+                continue
+            except RecursionError:
+                skipped += 1
+                problem = f"line {lineno}: nested too deeply"
+                continue
             last = rec
-    return last
+    return LogRead(last, skipped, problem)
+
+
+def read_last_decision(path: Path) -> dict[str, Any] | None:
+    """The newest well-formed decision line; None if none."""
+    return read_decisions(path).record
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` with NaN and infinities as null: JSON has no spelling for them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite_json(v) for v in value]
+    return value
+
+
+def _utc(t_s: float) -> str | None:
+    try:
+        return f"{datetime.fromtimestamp(t_s, timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+    except (OverflowError, OSError, ValueError):  # past year 9999: not a wall-clock time
+        return None
 
 
 def _num(v: Any, fmt: str = "{:.1f}") -> str:
@@ -88,9 +159,9 @@ def render(rec: dict[str, Any]) -> None:
     console = Console()
     t_s = rec.get("t_s")
     head = f"decision at t={t_s}"
-    if isinstance(t_s, (int, float)) and t_s > 1e9:
+    if isinstance(t_s, (int, float)) and t_s > 1e9 and (when := _utc(t_s)):
         # the local and Kubernetes controllers tick on the wall clock (the simulator's clock starts at 0)
-        head += f" ({datetime.fromtimestamp(t_s, timezone.utc):%Y-%m-%d %H:%M:%S} UTC)"
+        head += f" ({when})"
     if not rec.get("source_ok", True):
         head += "  [metrics source unreachable: every model held]"
     console.print(head)
@@ -180,17 +251,24 @@ def register(app: typer.Typer) -> None:
                 ]
             )
         try:
-            rec = read_last_decision(path)
+            got = read_decisions(path)
         except OSError as exc:
             fail([f"{field}: cannot read {path}: {exc}"])
+        rec = got.record
+        if rec is None and got.skipped:
+            fail([(f"{field}: {path} holds no well-formed decision; {got.skipped} malformed, the last at "
+                   f"{got.last_problem}")])
         if rec is None:
             fail([f"{field}: {path} holds no decision yet"])
+        if got.skipped:
+            typer.echo(f"{field}: passed over {got.skipped} malformed decision record(s) in {path}, the last at "
+                       f"{got.last_problem}", err=True)
         status = _status(run_dir) if log is None else None
         if as_json:
             if status is not None:
                 rec = {**rec, "crashloop": [r for r in status.get("replicas", []) if r.get("state") == "crashloop"],
                        "crashloop_held": status.get("crashloop_held", [])}
-            typer.echo(json.dumps(rec, indent=2, sort_keys=True))
+            typer.echo(json.dumps(finite_json(rec), indent=2, sort_keys=True, allow_nan=False))
         else:
             render(rec)
             for line in crashloop_lines(status or {}):

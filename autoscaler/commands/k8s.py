@@ -2,40 +2,61 @@
 
 The review step before ``kubectl apply`` (or before letting the controller
 act): it builds the same dicts ``act/kubernetes/backend.py`` sends, for the replica
-counts the planner picks for a demand file (or each model's ``min_replicas``
-when no demand is given), and prints them as multi-document YAML. Nothing
-here talks to a cluster.
+counts the planner picks for a demand file (no demand file: demand 0, so each
+model's ``min_replicas`` as far as the GPUs hold them), and prints them as
+multi-document YAML. A model the GPUs cannot give its ``min_replicas`` is named
+on stderr with the count wanted and the count rendered; the render still
+exits 0, as the controller would run that plan. Nothing here talks to a cluster.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Annotated
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any
 
 import typer
-import yaml
 
 from autoscaler.act.kubernetes.config import mig_configs, render_config
 from autoscaler.act.kubernetes.migparted import mig_parted_configmap
-from autoscaler.act.kubernetes.render import image_problem, min_replicas_desired, render_all
+from autoscaler.act.kubernetes.render import MODEL_LABEL, image_problem, render_all
 from autoscaler.commands._common import fail, load_or_exit
 from autoscaler.commands.migmodel import render_migmodels
 from autoscaler.config import ClusterConfig, ConfigError, initial_cluster_state, load_demand, model_specs
+from autoscaler.config.io import dump_yaml_all
 from autoscaler.policy.types import ModelSpec
 
 
 def planned_desired(
     specs: list[ModelSpec], demand: Mapping[str, float] | None, cluster: ClusterConfig
 ) -> dict[tuple[str, str], int]:
-    """Replica counts from the planner (demand x (1 + headroom)); min_replicas without one."""
-    try:
-        from autoscaler.policy.planner import plan
-    except ImportError:
-        return min_replicas_desired(specs)
+    """The planner's replica counts for demand x (1 + headroom), as ``migscale plan`` gives them
+    (no demand: 0 req/s, so each model's min_replicas where the GPUs hold them)."""
+    from autoscaler.policy.planner import plan
+
     rps = {s.name: (demand or {}).get(s.name, 0.0) * (1 + cluster.policy.headroom) for s in specs}
     result = plan(specs, rps, initial_cluster_state(cluster), churn_budget=None)
-    desired = {k: v for k, v in result.desired.items() if v > 0}
-    return desired or min_replicas_desired(specs)
+    return {k: v for k, v in result.desired.items() if v > 0}
+
+
+def rendered_replicas(objs: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Replicas (multinode: groups) per model in the rendered workloads."""
+    out: dict[str, int] = {}
+    for o in objs:
+        if o.get("kind") in ("Deployment", "LeaderWorkerSet"):
+            name = o["metadata"]["labels"][MODEL_LABEL]
+            out[name] = out.get(name, 0) + int(o["spec"]["replicas"])
+    return out
+
+
+def short_of_minimum(specs: Sequence[ModelSpec], objs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per model rendered with fewer replicas than its min_replicas."""
+    got = rendered_replicas(objs)
+    return [
+        f"render: {s.name}: min_replicas {s.min_replicas}, rendered {got.get(s.name, 0)} "
+        "(the cluster's GPUs hold no more beside the other models)"
+        for s in specs
+        if got.get(s.name, 0) < s.min_replicas
+    ]
 
 
 def render(
@@ -54,11 +75,21 @@ def render(
     out_dir: Annotated[
         str | None, typer.Option("--out-dir", help="with --migmodels: write migmodel-NAME.yaml files here")
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="with --out-dir: also replace files render --migmodels did not write"),
+    ] = False,
 ) -> None:
     """Print, as multi-document YAML, every Kubernetes object migscale would apply.
 
     No HorizontalPodAutoscaler: migscale owns the replicas of these workloads
     (through the scale subresource); an HPA on them would be a second writer.
+    A model the GPUs cannot give its min_replicas is named on stderr (wanted and
+    rendered); the exit status is still 0.
+
+    With --migmodels --out-dir, no file is written unless every one can be: an
+    existing migmodel-NAME.yaml is replaced only when render --migmodels wrote it
+    (its first line says so) or with --force.
 
     Example:
 
@@ -68,9 +99,9 @@ def render(
     if migmodels:
         if demand is not None:
             fail([f"--demand: MigModels carry no replica counts (the controller decides), got {demand!r}"])
-        return render_migmodels(models, cluster, namespace, out_dir)
-    if namespace is not None or out_dir is not None:
-        fail(["--namespace and --out-dir go with --migmodels"])
+        return render_migmodels(models, cluster, namespace, out_dir, force)
+    if namespace is not None or out_dir is not None or force:
+        fail(["--namespace, --out-dir and --force go with --migmodels"])
     models_cfg, cluster_cfg = load_or_exit(models, cluster)
     specs = model_specs(models_cfg, cluster_cfg)
     rps = None
@@ -87,7 +118,9 @@ def render(
     entries = mig_configs(cluster_cfg)
     if entries:
         objs.append(mig_parted_configmap(entries, cfg))
-    typer.echo(yaml.safe_dump_all(objs, sort_keys=False, default_flow_style=False), nl=False)
+    typer.echo(dump_yaml_all(objs), nl=False)
+    for line in short_of_minimum(specs, objs):
+        typer.echo(line, err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -11,22 +11,39 @@ input exits 2 with the field, as it sits in the input, and the value.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 
 from autoscaler.act.kubernetes.crd import crd_yaml
 from autoscaler.act.kubernetes.migmodel import from_migmodel, list_items, models_from_migmodels, to_migmodel
 from autoscaler.commands._common import fail, load_or_exit
 from autoscaler.config import ConfigError, capacity_table, parse_models
-from autoscaler.config.io import parse_documents, read_text, short
+from autoscaler.config.io import dump_yaml, dump_yaml_all, parse_documents, read_text, short
 from autoscaler.config.schema import DNS_LABEL
 
 
 def _dump_all(objs: list[dict]) -> str:
-    return yaml.safe_dump_all(objs, sort_keys=False, default_flow_style=False, width=100)
+    return dump_yaml_all(objs, width=100)
+
+
+def _header(name: str, source: str) -> str:
+    return f"# MigModel {name}, from {source} (migscale render --migmodels --out-dir)\n"
+
+
+def _ours(path: Path, name: str) -> bool:
+    """Whether ``path`` starts with the header ``render --migmodels --out-dir`` writes for ``name``."""
+    try:
+        with path.open("rb") as fh:
+            first = fh.readline(512)
+    except OSError:
+        return False
+    return first.startswith(f"# MigModel {name}, from ".encode()) and first.rstrip().endswith(
+        b"(migscale render --migmodels --out-dir)"
+    )
 
 
 def migmodel_objects(models: str, cluster: str, namespace: str | None) -> list[dict]:
@@ -52,7 +69,9 @@ def migmodel_objects(models: str, cluster: str, namespace: str | None) -> list[d
     return objs
 
 
-def render_migmodels(models: str, cluster: str, namespace: str | None, out_dir: str | None) -> None:
+def render_migmodels(
+    models: str, cluster: str, namespace: str | None, out_dir: str | None, force: bool = False
+) -> None:
     objs = migmodel_objects(models, cluster, namespace)
     source = Path(models).name
     if out_dir is None:
@@ -64,13 +83,50 @@ def render_migmodels(models: str, cluster: str, namespace: str | None, out_dir: 
     folder = Path(out_dir)
     if not folder.is_dir():
         fail([f"--out-dir: no such directory, got {out_dir!r}"])
-    for obj in objs:
-        name = obj["metadata"]["name"]
-        path = folder / f"migmodel-{name}.yaml"
-        path.write_text(
-            f"# MigModel {name}, from {source} (migscale render --migmodels --out-dir)\n" + _dump_all([obj])
-        )
+    files = {folder / f"migmodel-{o['metadata']['name']}.yaml": o for o in objs}
+    problems = [p for path, o in files.items() if (p := _target_problem(path, o["metadata"]["name"], force))]
+    if problems:
+        fail(problems)
+    _write_all({path: _header(o["metadata"]["name"], source) + _dump_all([o]) for path, o in files.items()})
+    for path in files:
         typer.echo(str(path))
+
+
+def _target_problem(path: Path, name: str, force: bool) -> str | None:
+    """Why ``path`` may not be (over)written, or None.
+
+    A file this command wrote (its first line is our header for the same model) is replaced;
+    any other file only with ``--force``; a directory, link or device never.
+    """
+    if not os.path.lexists(path):
+        return None
+    if path.is_symlink() or not path.is_file():
+        return f"--out-dir: {path} exists and is not a regular file, got {str(path)!r}"
+    if not force and not _ours(path, name):
+        return (f"--out-dir: {path} exists and was not written by migscale render --migmodels "
+                f"(move it away or give --force), got {str(path)!r}")
+    return None
+
+
+def _write_all(texts: dict[Path, str]) -> None:
+    """Write every file or none: each goes to a temporary file beside it first, and only when
+    all are written are they renamed into place."""
+    temps: dict[Path, Path] = {}
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        for path, text in texts.items():
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            temps[path] = Path(tmp)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.chmod(tmp, 0o666 & ~umask)  # as open() would create it; mkstemp makes 0600
+        for path, tmp in temps.items():
+            os.replace(tmp, path)
+    except OSError as exc:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+        fail([f"--out-dir: cannot write {exc.filename or next(iter(texts)).parent}: {exc.strerror or exc}"])
 
 
 def import_models(
@@ -120,9 +176,7 @@ def import_models(
     except ConfigError as exc:
         fail([f"{source}: the imported models do not validate together: {p}" for p in exc.problems])
     where = f" (namespace {namespace})" if namespace else ""
-    text = f"# models.yaml imported from {source}{where} by `migscale import`\n" + yaml.safe_dump(
-        doc, sort_keys=False, default_flow_style=False, width=100
-    )
+    text = f"# models.yaml imported from {source}{where} by `migscale import`\n" + dump_yaml(doc, width=100)
     if output is None:
         typer.echo(text, nl=False)
         return

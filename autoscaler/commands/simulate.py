@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -20,6 +21,20 @@ MAX_STEP_S = 60.0
 MAX_STEPS = 1_000_000  # a month's trace at 2.7 s; the default 5 s step takes a month in 536,000
 
 
+def plot_problem(plot: str) -> str | None:
+    """Why ``--plot`` names no PNG file that can be written, or None; checked before simulating."""
+    p = Path(plot)
+    if p.is_dir():
+        return f"--plot: is a directory, expected a .png file path, got {plot!r}"
+    if p.suffix.lower() != ".png":  # matplotlib would add .png, or write another format
+        return f"--plot: must name a .png file, got {plot!r}"
+    if not p.parent.is_dir():  # rather than create folders a mistyped path names
+        return f"--plot: no such directory {str(p.parent)!r}, got {plot!r}"
+    if p.exists() and not p.is_file():
+        return f"--plot: exists and is not a regular file, got {plot!r}"
+    return None
+
+
 def simulate(
     models: Annotated[str, typer.Argument(metavar="MODELS", help="models.yaml (with capacity tables)")],
     cluster: Annotated[str, typer.Argument(metavar="CLUSTER", help="cluster.yaml (GPUs, initial layouts, policy)")],
@@ -28,7 +43,8 @@ def simulate(
         "--policy", help="migscale | hpa-queue | hpa-util | static-peak | oracle | all; windowed-max (analysis)")]
     = "migscale",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
-    plot: Annotated[str | None, typer.Option("--plot", help="write a PNG: demand vs capacity, GPUs, p99/SLO")] = None,
+    plot: Annotated[str | None, typer.Option(
+        "--plot", help="write a PNG (a .png path in an existing folder): demand vs capacity, GPUs, p99/SLO")] = None,
     step_s: Annotated[float, typer.Option("--step-s", help="fluid integration step, seconds (at most 60)")] = 5.0,
     start_delay_s: Annotated[float, typer.Option("--start-delay-s", help="replica start time (30 k8s, 2 local)")]
     = 30.0,
@@ -52,6 +68,8 @@ def simulate(
         fail([f"--policy: must be one of {', '.join(POLICIES + ANALYSIS_POLICIES)} or all, got {policy!r}"])
     if backend not in BACKENDS:
         fail([f"--backend: must be one of {', '.join(BACKENDS)}, got {backend!r}"])
+    if plot is not None and (bad := plot_problem(plot)):
+        fail([bad])
     models_cfg = load_models_or_exit(models)
     cluster_cfg = load_cluster_or_exit(cluster)
     try:
@@ -94,7 +112,10 @@ def simulate(
     except (SimError, ValueError) as exc:
         fail([str(exc)])
     if plot:
-        report.plot(results, plot, title=f"{trace}")
+        try:
+            report.plot(results, plot, title=f"{trace}")
+        except OSError as exc:
+            fail([f"--plot: cannot write {plot}: {exc.strerror or exc}"])
     if as_json:
         skipped = {"not_simulated": unmodelled} if unmodelled else {}
         if len(results) == 1:

@@ -7,6 +7,8 @@ Traces sit before the loop: they are the load the simulator (and a locust
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -43,6 +45,18 @@ def _mean(text: str, models: list[str]) -> float | dict[str, float]:
     return {m: out.get(m, out.get("*", 100.0)) for m in models}
 
 
+def out_problem(flag: str, out: str) -> str | None:
+    """Why ``out`` cannot take a new file, or None; checked before any work is done."""
+    p = Path(out)
+    if p.is_dir():
+        return f"{flag}: is a directory, expected a file path, got {out!r}"
+    if os.path.lexists(p) and not p.is_file():
+        return f"{flag}: exists and is not a regular file, got {out!r}"
+    if not p.parent.is_dir():
+        return f"{flag}: no such directory {str(p.parent)!r}, got {out!r}"
+    return None
+
+
 def generate(
     kind: Annotated[str, typer.Argument(metavar="KIND", help=f"one of: {', '.join(tr.KINDS)}")],
     models: Annotated[str, typer.Option("--models", help="comma-separated names, or a models.yaml")] = "model",
@@ -54,14 +68,20 @@ def generate(
 ) -> None:
     """Write a seeded synthetic trace of one of the KIND shapes (the benchmark's families among them)."""
     names = _models(models)
+    if out != "-" and (bad := out_problem("--out", out)):
+        fail([bad])
     try:
         trace = tr.generate(kind, names, tr.parse_duration(duration, "--duration"), seed, _mean(mean_rps, names),
                             tr.parse_duration(step, "--step"))
     except tr.TraceError as exc:
         # the generator names its arguments; here they are these options
-        flags = {"duration_s:": "--duration:", "step_s:": "--step:", "mean_rps.": "--mean-rps ", "models:": "--models:"}
+        flags = {"duration_s:": "--duration:", "step_s:": "--step:", "mean_rps.": "--mean-rps ", "models:": "--models:",
+                 "seed:": "--seed:"}
         fail([next((f + p[len(a):] for a, f in flags.items() if p.startswith(a)), p) for p in exc.problems])
-    text = tr.write_csv(trace, None if out == "-" else out)
+    try:
+        text = tr.write_csv(trace, None if out == "-" else out)
+    except OSError as exc:
+        fail([f"--out: cannot write {out}: {exc.strerror or exc}"])
     if out == "-":
         typer.echo(text, nl=False)
     else:

@@ -10,6 +10,7 @@ Import these from ``autoscaler.config``.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,24 +27,40 @@ if TYPE_CHECKING:
     from autoscaler.policy.state import PolicyConfig
 
 
-def load_capacity_file(path: str | Path) -> dict[str, dict[str, float]]:
-    """Read ``{models: {name: {profile: rps}}}`` (written by ``migscale profile``)."""
+def load_capacity_file(path: str | Path, models: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
+    """Read ``{models: {name: {profile: rps}}}`` (written by ``migscale profile``).
+
+    Every profile must be a MIG profile and, when ``models`` is given, every name one of
+    them: a misspelt ``2g.20g`` or a model renamed in models.yaml would otherwise drop
+    its figures without a word, and the planner would size replicas without them.
+    """
+    from autoscaler.config.schema import KNOWN_PROFILES, UNKNOWN_PROFILE
+
     p = Path(path)
     data = load_yaml(p)
     problems: list[str] = []
-    models = data.get("models") if isinstance(data, dict) else None
-    if not isinstance(models, dict):
+    table_of = data.get("models") if isinstance(data, dict) else None
+    if not isinstance(table_of, dict):
         raise ConfigError(
-            [f"{p}: models: must be a mapping of model -> {{profile: req/s}}, got {short(models)}"], p
+            [f"{p}: models: must be a mapping of model -> {{profile: req/s}}, got {short(table_of)}"], p
         )
     out: dict[str, dict[str, float]] = {}
-    for name, table in models.items():
+    for name, table in table_of.items():
+        if models is not None and name not in models:
+            problems.append(
+                f"{p}: models.{name}: not a model of models.yaml ({', '.join(models)}), got {short(name)}"
+            )
+            continue
         if not isinstance(table, dict):
             problems.append(f"{p}: models.{name}: must be a mapping profile -> req/s, got {short(table)}")
             continue
         out[str(name)] = {}
         for prof, rps in table.items():
-            if not _number(rps, positive=True):
+            if prof not in KNOWN_PROFILES:
+                hint = difflib.get_close_matches(str(prof), KNOWN_PROFILES, n=1, cutoff=0.8)
+                near = f" (did you mean {hint[0]!r}?)" if hint else ""
+                problems.append(f"{p}: models.{name}.{prof}: {UNKNOWN_PROFILE}{near}, got {short(prof)}")
+            elif not _number(rps, positive=True):
                 problems.append(f"{p}: models.{name}.{prof}: req/s must be a number > 0, got {short(rps)}")
             else:
                 out[str(name)][str(prof)] = float(rps)
@@ -209,7 +226,7 @@ def capacity_table(models: ModelsConfig, m: ModelConfig) -> dict[str, float]:
     if m.capacity_file:
         path = models.resolve(m.capacity_file)
         if path.exists():
-            table.update(load_capacity_file(path).get(m.name, {}))
+            table.update(load_capacity_file(path, [x.name for x in models.models]).get(m.name, {}))
     table.update(m.capacity or {})
     return table
 

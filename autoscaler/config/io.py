@@ -1,4 +1,5 @@
-"""Reading configuration files safely and turning validation errors into lines.
+"""Reading configuration files safely, writing YAML that reads back, and turning validation
+errors into lines.
 
 Part of the config edge (``autoscaler.config`` is the public face). A file
 that a person or a tool hands the loop may be wrong, huge or hostile; this
@@ -6,6 +7,10 @@ module makes each failure one line ``path.to.field: message, got VALUE`` in a
 ``ConfigError`` and refuses, before anything large is built: files over
 1 MiB, more than 100 YAML aliases, an alias expansion over 100,000 nodes
 ("billion laughs") and nesting deeper than 64 levels. Nothing here hangs.
+
+One reader (``load_yaml``, ``parse_documents``: YAML 1.2 core types) and one writer
+(``dump_yaml``, ``dump_yaml_all``: quotes what a reader would retype, no anchors) serve
+every command, so what migscale writes it, and kubectl, read back unchanged.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import difflib
 import json
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,15 +94,72 @@ class _BoundedLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-# YAML 1.1, which PyYAML follows, reads a float only with a dot and a signed exponent,
-# so ``p99_ms: 1.5e2`` or ``resnet: 1e3`` would arrive as text and be refused as "not a
-# number". YAML 1.2's core schema (and kubectl, which reads YAML as JSON) takes them as
-# numbers; so does this loader. Names such as ``1g.10gb`` do not match.
-_BoundedLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
+# Plain scalars are typed by the YAML 1.2 core schema (the JSON schema plus ``~``, ``0o``/``0x``
+# and ``.inf``; kubectl too reads ``1e3`` as a number), not by PyYAML's YAML 1.1 table:
+# there ``max_replicas: 010`` is 8 (octal), ``p99_ms: 2:30`` is 150 (base 60), ``1_000`` is 1000,
+# ``prometheus: off`` is false, ``2024-01-01`` a date and ``1e3`` text. Here 010 is 10, 0o10 is 8,
+# ``1e3`` is 1000.0, and ``2:30``, ``1_000``, ``off`` and ``2024-01-01`` are strings, which a
+# number or boolean field then refuses by name. ``<<`` merge keys stay (kubectl reads them too).
+CORE_RESOLVERS: tuple[tuple[str, re.Pattern[str], list[str]], ...] = (
+    ("tag:yaml.org,2002:null", re.compile(r"^(?:~|null|Null|NULL|)$"), ["~", "n", "N", ""]),
+    ("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")),
+    ("tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789")),
+    (
+        "tag:yaml.org,2002:float",
+        re.compile(
+            r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+            r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+        ),
+        list("-+0123456789."),
+    ),
 )
+
+
+def _core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = str(loader.construct_scalar(node))
+    if text.startswith(("0o", "0x")):
+        return int(text, 0)
+    return int(text, 10)  # "010" is ten: YAML 1.2 has no leading-zero octal
+
+
+_BoundedLoader.yaml_implicit_resolvers = {}
+for _tag, _regexp, _first in CORE_RESOLVERS:
+    _BoundedLoader.add_implicit_resolver(_tag, _regexp, _first)
+_BoundedLoader.add_implicit_resolver("tag:yaml.org,2002:merge", re.compile(r"^(?:<<)$"), ["<"])
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _core_int)
+
+
+# ---------------------------------------------------------------- the one YAML writer
+
+
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper that quotes every string a YAML 1.1 or 1.2 reader would type otherwise, and
+    writes shared objects out in full.
+
+    Its plain-scalar table is PyYAML's (YAML 1.1: ``yes``, ``010``, ``2:30``, dates) plus the
+    loader's core schema (``1e3``, ``0o10``), so a string such as a model directory ``1e3``
+    comes back from this loader, kubectl or a YAML 1.1 tool as the same string. Anchors
+    (``&id001``) are never written: a renderer that reuses one dict in two places means two
+    copies, and some readers (and people) do not follow aliases.
+    """
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+for _tag, _regexp, _first in CORE_RESOLVERS:
+    _Dumper.add_implicit_resolver(_tag, _regexp, _first)
+
+
+def dump_yaml(data: Any, *, sort_keys: bool = False, width: int | None = None) -> str:
+    """``data`` as block-style YAML that ``load_yaml`` reads back as the same values
+    (``width``: where long lines fold; PyYAML's 80 when None)."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=sort_keys, default_flow_style=False, width=width)
+
+
+def dump_yaml_all(docs: Iterable[Any], *, sort_keys: bool = False, width: int | None = None) -> str:
+    """Several documents, separated by ``---``, as ``dump_yaml`` writes each."""
+    return yaml.dump_all(docs, Dumper=_Dumper, sort_keys=sort_keys, default_flow_style=False, width=width)
 
 
 class _LimitError(Exception):
@@ -141,14 +203,14 @@ def load_yaml(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> Any:
     return _parse_yaml_text(_file_text(p, max_bytes), p)
 
 
-def _file_text(p: Path, max_bytes: int) -> str:
+def _file_text(p: Path, max_bytes: int, kind: str = "a YAML file") -> str:
     try:
         if not p.exists():
             raise ConfigError([f"{p}: file not found"], p)
         if p.is_dir():
-            raise ConfigError([f"{p}: is a directory, expected a YAML file"], p)
+            raise ConfigError([f"{p}: is a directory, expected {kind}"], p)
         if not p.is_file():  # a FIFO or device would block or never end
-            raise ConfigError([f"{p}: not a regular file, expected a YAML file"], p)
+            raise ConfigError([f"{p}: not a regular file, expected {kind}"], p)
         size = p.stat().st_size
         if size > max_bytes:
             raise ConfigError([f"{p}: file is {size} bytes, limit is {max_bytes} bytes"], p)
@@ -166,8 +228,9 @@ def _file_text(p: Path, max_bytes: int) -> str:
     return text
 
 
-def read_text(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> str:
-    """A file's UTF-8 text (``-`` reads standard input), refused over ``max_bytes``."""
+def read_text(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES, kind: str = "a YAML file") -> str:
+    """A file's UTF-8 text (``-`` reads standard input), refused over ``max_bytes``;
+    ``kind`` names what was expected in the refusal of a directory or a FIFO."""
     if str(path) == "-":
         raw = sys.stdin.buffer.read(max_bytes + 1)
         if len(raw) > max_bytes:
@@ -176,7 +239,7 @@ def read_text(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> str:
             return raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ConfigError([f"(stdin): not UTF-8 text (byte {exc.start})"], "-") from None
-    return _file_text(Path(path), max_bytes)  # the refusals of load_yaml: missing, FIFO, size, encoding
+    return _file_text(Path(path), max_bytes, kind)  # the refusals of load_yaml: missing, FIFO, size, encoding
 
 
 def parse_documents(text: str, where: str | Path) -> list[Any]:

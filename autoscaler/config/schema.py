@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -54,6 +55,16 @@ __all__ = [
 ]
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# A model's name also names its Kubernetes Service, whose name must be a DNS-1035 label:
+# "9resnet" is a valid namespace but no Service.
+DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+DNS_SUBDOMAIN = re.compile(f"^{_SUBDOMAIN}$")
+_LABEL_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+# A label key or an extended resource name: [DNS-1123 subdomain "/"] name (apimachinery's IsQualifiedName).
+QUALIFIED_NAME = re.compile(f"^({_SUBDOMAIN}/)?{_LABEL_NAME}$")
+EXTENDED_RESOURCE = re.compile(f"^{_SUBDOMAIN}/{_LABEL_NAME}$")
+LABEL_VALUE = re.compile(f"^{_LABEL_NAME}$")  # a non-empty one; a label value may also be ""
 
 
 # ---------------------------------------------------------------- schema: models.yaml
@@ -69,6 +80,91 @@ def _dns_label(value: str) -> str:
             "dns_label", "must be a DNS-1123 label (lowercase letters, digits and '-', 1-63 characters)"
         )
     return value
+
+
+def _model_name(value: str) -> str:
+    if not DNS_1035_LABEL.match(value):
+        raise PydanticCustomError(
+            "dns_1035_label",
+            "must be a DNS-1035 label (lowercase letters, digits and '-', starting with a letter, "
+            "1-63 characters): it also names the model's Kubernetes Service",
+        )
+    return value
+
+
+def _node_name(value: str) -> str:
+    if len(value) > 63 or not DNS_SUBDOMAIN.match(value):
+        raise PydanticCustomError(
+            "node_name",
+            "must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.') of at most 63 "
+            "characters: it is also the node's kubernetes.io/hostname label value",
+        )
+    return value
+
+
+def _label_value(value: str) -> str:
+    if len(value) > 63 or not LABEL_VALUE.match(value):
+        raise PydanticCustomError(
+            "label_value",
+            "must be a Kubernetes label value (letters, digits, '-', '_' and '.', starting and ending "
+            "with a letter or digit, 1-63 characters): it is the node label the pods select",
+        )
+    return value
+
+
+def _qualified_name(value: str) -> tuple[str, str] | None:
+    """(prefix, name) of a valid label key / resource name, else None."""
+    prefix, _, name = value.rpartition("/")
+    if not QUALIFIED_NAME.match(value) or len(name) > 63 or len(prefix) > 253:
+        return None
+    return prefix, name
+
+
+def _label_key(value: str) -> str:
+    if _qualified_name(value) is None:
+        raise PydanticCustomError(
+            "label_key",
+            "must be a Kubernetes label key: an optional DNS-1123 subdomain prefix and '/', then a "
+            "name of 1-63 letters, digits, '-', '_' and '.' starting and ending with a letter or digit",
+        )
+    return value
+
+
+# Resources a device plugin for RDMA must not be: the render puts rdma_resource beside
+# nvidia.com/gpu in one limits map, so the GPU's own name would overwrite the GPU count.
+_GPU_RESOURCES = re.compile(r"^nvidia\.com/(gpu|mig-.*)$")
+
+
+def _extended_resource(value: str) -> str:
+    parts = _qualified_name(value)
+    # apimachinery's IsExtendedResourceName: a domain, not kubernetes.io's, no "requests." quota prefix
+    if parts is None or not parts[0] or parts[0].endswith("kubernetes.io") or value.startswith("requests."):
+        raise PydanticCustomError(
+            "extended_resource",
+            "must be an extended resource name, DOMAIN/NAME (a DNS-1123 subdomain outside "
+            "kubernetes.io, '/', a name of 1-63 letters, digits, '-', '_' and '.')",
+        )
+    if _GPU_RESOURCES.match(value):
+        raise PydanticCustomError(
+            "gpu_resource",
+            "is a GPU resource; give the RDMA device plugin's resource (it would replace the "
+            "pods' GPU limit)",
+        )
+    return value
+
+
+def _schema(pattern: re.Pattern[str], max_length: int) -> Any:
+    """JSON Schema keywords (for editors and the MigModel CRD) of a string a validator above
+    checks; the validator, not pydantic's pattern check, words the refusal."""
+    return Field(json_schema_extra={"pattern": pattern.pattern, "maxLength": max_length})
+
+
+ModelName = Annotated[str, AfterValidator(_model_name), _schema(DNS_1035_LABEL, 63)]
+NodeName = Annotated[str, AfterValidator(_node_name), _schema(DNS_SUBDOMAIN, 63)]
+Namespace = Annotated[str, AfterValidator(_dns_label), _schema(DNS_LABEL, 63)]
+FabricName = Annotated[str, AfterValidator(_label_value), _schema(LABEL_VALUE, 63)]
+LabelKey = Annotated[str, AfterValidator(_label_key), _schema(QUALIFIED_NAME, 317)]
+ExtendedResource = Annotated[str, AfterValidator(_extended_resource), _schema(EXTENDED_RESOURCE, 317)]
 
 
 def _known_profile(name: str) -> bool:
@@ -109,9 +205,6 @@ _MULTINODE_ONLY = (
 
 class SloConfig(_Strict):
     p99_ms: float = Field(gt=0, le=600_000, description="99th-percentile end-to-end latency target, ms")
-    queue_ms: float | None = Field(
-        default=None, gt=0, le=600_000, description="optional queue-time target, ms"
-    )
 
 
 class MultinodeConfig(_Strict):
@@ -131,8 +224,8 @@ class MultinodeConfig(_Strict):
     gpus_per_node: int = Field(default=1, ge=1, le=16)
     tensor_parallel: int | None = Field(default=None, ge=1, le=1024, description="default: gpus_per_node")
     pipeline_parallel: int | None = Field(default=None, ge=1, le=1024, description="default: nodes_per_group")
-    fabric: str | None = Field(
-        default=None, min_length=1, description="RDMA fabric every node of a group shares"
+    fabric: FabricName | None = Field(
+        default=None, description="RDMA fabric every node of a group shares (rdma_pool's fabric label value)"
     )
     group_capacity_rps: float | None = Field(
         default=None, gt=0, description="req/s one group sustains at the SLO"
@@ -179,10 +272,8 @@ class ModelConfig(_Strict):
              f"\"{_MULTINODE_ONLY}, got '\" + self.capacity_file + \"'\"", expression=True),
     ]})
 
-    # pattern and maxLength are for the JSON Schema only (_dns_label validates, with a plainer message)
-    name: str = Field(
-        description="unique DNS-1123 label, also the Triton model name",
-        json_schema_extra={"pattern": DNS_LABEL.pattern, "maxLength": 63},
+    name: ModelName = Field(
+        description="unique DNS-1035 label, the Triton model name and the name of its Service"
     )
     model_dir: str = Field(min_length=1, description="Triton model directory, relative to models.yaml")
     slo: SloConfig
@@ -209,8 +300,6 @@ class ModelConfig(_Strict):
     capacity_file: str | None = Field(
         default=None, min_length=1, description="YAML written by `migscale profile`"
     )
-
-    _name = field_validator("name")(_dns_label)
 
     @field_validator("profiles")
     @classmethod
@@ -299,9 +388,12 @@ def _product(value: str) -> str:
     return value
 
 
+_PRODUCT = Field(json_schema_extra={"enum": list(PRODUCTS)})
+
+
 class GpuConfig(_Strict):
-    node: str
-    product: str
+    node: NodeName
+    product: Annotated[str, _PRODUCT]
     count: int = Field(default=1, ge=1, le=64)
     emulated: bool = True
     layout: list[str] | None = Field(
@@ -311,7 +403,6 @@ class GpuConfig(_Strict):
         default=None, description="initial layout per GPU (count entries)"
     )
 
-    _node = field_validator("node")(_dns_label)
     _prod = field_validator("product")(_product)
 
     def gpu_layouts(self) -> list[tuple]:
@@ -368,13 +459,12 @@ class GpuConfig(_Strict):
 
 
 class RdmaNode(_Strict):
-    name: str
-    product: str
+    name: NodeName
+    product: Annotated[str, _PRODUCT]
     gpus: int = Field(default=1, ge=1, le=16)
-    fabric: str = Field(min_length=1)
+    fabric: FabricName = Field(description="this node's value of the rdma_pool's fabric_label")
     emulated: bool = True
 
-    _name = field_validator("name")(_dns_label)
     _prod = field_validator("product")(_product)
 
 
@@ -386,10 +476,12 @@ class NcclConfig(_Strict):
 
 
 class RdmaPool(_Strict):
-    fabric_label: str = "migscale.io/fabric"
+    fabric_label: LabelKey = Field(default="migscale.io/fabric", description="node label naming the RDMA fabric")
     nodes: list[RdmaNode] = Field(min_length=1)
     nccl: NcclConfig = NcclConfig()
-    rdma_resource: str = "rdma/rdma_shared_device_a"
+    rdma_resource: ExtendedResource = Field(
+        default="rdma/rdma_shared_device_a", description="extended resource of the RDMA device plugin"
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> RdmaPool:
@@ -534,13 +626,11 @@ class LocalConfig(_Strict):
 
 
 class ClusterConfig(_Strict):
-    namespace: str = "default"
+    namespace: Namespace = "default"
     gpus: list[GpuConfig] = Field(default_factory=list)
     rdma_pool: RdmaPool | None = None
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     local: LocalConfig = Field(default_factory=LocalConfig)
-
-    _ns = field_validator("namespace")(_dns_label)
 
     @model_validator(mode="after")
     def _cross(self) -> ClusterConfig:

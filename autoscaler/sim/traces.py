@@ -35,6 +35,7 @@ import numpy as np
 
 from autoscaler.config.duration import format_seconds
 from autoscaler.config.duration import parse_duration as _parse_duration
+from autoscaler.config.io import ConfigError, read_text
 from autoscaler.sim.families import FAMILIES, FAMILY_STEP_S
 from autoscaler.sim.kinds import azure, azure_popularity, bursty, diurnal, flash
 
@@ -45,8 +46,13 @@ from autoscaler.sim.kinds import azure, azure_popularity, bursty, diurnal, flash
 MAX_DURATION_S = 31 * 86400.0
 MAX_SAMPLES = 1_000_000
 MAX_FILE_BYTES = 256 << 20
+# A rate above a billion req/s for one model is a typing error (1e308 would make every sum
+# infinite); a generated mean is capped a thousand times lower, so the bursts a generator
+# adds on top (at most ~13x the mean) always fit a trace file.
+MAX_RPS = 1e9
+MAX_MEAN_RPS = 1e6
 
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # a model name: a DNS-1035 label, as in models.yaml
 
 
 class TraceError(ValueError):
@@ -156,19 +162,22 @@ def write_csv(trace: Trace, path: str | Path | None = None) -> str:
 def read_csv(path: str | Path) -> Trace:
     """Parse and validate a trace file; every problem is reported as ``line N: field: message, got VALUE``."""
     p = Path(path)
+    if str(p) != "-" and not p.exists():
+        raise TraceError([f"{p}: cannot read the trace: no such file"])
+    if p.is_file() and (size := p.stat().st_size) > MAX_FILE_BYTES:
+        raise TraceError([f"{p}: {size} bytes, over the {MAX_FILE_BYTES >> 20} MiB a trace may have"])
     try:
-        size = p.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise TraceError([f"{p}: {size} bytes, over the {MAX_FILE_BYTES >> 20} MiB a trace may have"])
-        text = p.read_text()
-    except OSError as e:
-        raise TraceError([f"{p}: cannot read the trace: {e.strerror}"]) from None
+        # the config reader's refusals: missing, a directory, a FIFO (would block), size, not UTF-8
+        text = read_text(p, max_bytes=MAX_FILE_BYTES, kind="a trace CSV")
+    except ConfigError as exc:
+        raise TraceError(exc.problems) from None
     return parse_csv(text, source=str(p))
 
 
 def parse_csv(text: str, source: str = "trace") -> Trace:
     problems: list[str] = []
-    reader = csv.reader(io.StringIO(text))
+    # a spreadsheet's "CSV UTF-8" starts with a byte-order mark, as YAML files may
+    reader = csv.reader(io.StringIO(text.removeprefix("\ufeff")))
     header = next(reader, None)
     if header is None:
         raise TraceError([f"{source}: empty file, expected the header t_s,model,rps"])
@@ -192,14 +201,14 @@ def parse_csv(text: str, source: str = "trace") -> Trace:
             problems.append(f"{source} line {lineno}: t_s: must be a finite number >= 0, got {ts!r}")
             continue
         if not _NAME.match(model):
-            problems.append(f"{source} line {lineno}: model: must be a DNS-1123 label, got {model!r}")
+            problems.append(f"{source} line {lineno}: model: must be a DNS-1035 label (a model name), got {model!r}")
             continue
         try:
             r = float(rs)
-            if not math.isfinite(r) or r < 0:
+            if not 0 <= r <= MAX_RPS:  # also NaN and inf
                 raise ValueError
         except ValueError:
-            problems.append(f"{source} line {lineno}: rps: must be a finite number >= 0, got {rs!r}")
+            problems.append(f"{source} line {lineno}: rps: must be a number from 0 to {MAX_RPS:,.0f} req/s, got {rs!r}")
             continue
         per = rows.setdefault(model, {})
         if model not in order:
@@ -255,8 +264,8 @@ def _means(models: Sequence[str], mean_rps: float | Mapping[str, float]) -> np.n
     else:
         vals = [float(mean_rps)] * len(models)
     for m, v in zip(models, vals):
-        if not math.isfinite(v) or v < 0:
-            raise TraceError([f"mean_rps.{m}: must be a finite number >= 0, got {v!r}"])
+        if not 0 <= v <= MAX_MEAN_RPS:  # also NaN and inf
+            raise TraceError([f"mean_rps.{m}: must be a number from 0 to {MAX_MEAN_RPS:,.0f} req/s, got {v!r}"])
     return np.array(vals)
 
 
@@ -285,9 +294,11 @@ def generate(
         problems.append(f"kind: must be one of {', '.join(KINDS)}, got {kind!r}")
     if not models:
         problems.append("models: needs at least one model name, got none")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        problems.append(f"seed: must be an integer >= 0, got {seed!r}")
     for m in models:
         if not _NAME.match(m):
-            problems.append(f"models: {m!r} is not a DNS-1123 label")
+            problems.append(f"models: {m!r} is not a DNS-1035 label (a model name)")
     if len(set(models)) != len(models):
         problems.append(f"models: names must be unique, got {list(models)}")
     if not (math.isfinite(step_s) and step_s > 0):

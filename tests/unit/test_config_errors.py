@@ -30,7 +30,7 @@ BASE_MODELS: dict[str, Any] = {
         {
             "name": "resnet",
             "model_dir": "repo/resnet",
-            "slo": {"p99_ms": 100, "queue_ms": 10},
+            "slo": {"p99_ms": 100},
             "profiles": ["1g.10gb", "2g.20gb"],
             "min_replicas": 1,
             "max_replicas": 4,
@@ -155,7 +155,9 @@ CASES: list[tuple[str, tuple[str, str], str, str]] = [
         "models[0].slo.p99_ms",
         "nan",
     ),
-    ("queue-zero", m(lambda d: d["models"][0]["slo"].update(queue_ms=0)), "models[0].slo.queue_ms", "0"),
+    # nothing reads a queue-time target, so the file may not claim one
+    ("queue-ms-unused", m(lambda d: d["models"][0]["slo"].update(queue_ms=20)), "models[0].slo.queue_ms",
+     "unknown key"),
     ("min-replicas-word", m0(min_replicas="two"), "models[0].min_replicas", "'two'"),
     ("min-replicas-float", m0(min_replicas=1.5), "models[0].min_replicas", "1.5"),
     ("max-replicas-bool", m0(max_replicas=True), "models[0].max_replicas", "True"),
@@ -273,7 +275,7 @@ CASES: list[tuple[str, tuple[str, str], str, str]] = [
         "prometheus-yes",
         (_dump(BASE_MODELS), _dump(BASE_CLUSTER) + "local: {prometheus: yes}\n"),
         "local.prometheus",
-        "True",
+        "'yes'",  # YAML 1.2: text, not a boolean
     ),
     (
         "rdma-fabric-missing",

@@ -207,5 +207,5 @@ def test_a_load_test_refuses_what_the_simulator_refuses(tmp_path):
     path.write_text("t_s,model,rps\n0,Resnet,5\n0,a,nan\n")
     with pytest.raises(ShapeError) as e:
         shape_from_spec("trace", 0, path=str(path))
-    assert "model: must be a DNS-1123 label, got 'Resnet'" in str(e.value)
-    assert "line 3: rps: must be a finite number >= 0, got 'nan'" in str(e.value)
+    assert "model: must be a DNS-1035 label (a model name), got 'Resnet'" in str(e.value)
+    assert "line 3: rps: must be a number from 0 to 1,000,000,000 req/s, got 'nan'" in str(e.value)

@@ -37,9 +37,9 @@ def test_same_seed_same_bytes_other_seed_differs():
     [
         ("t,model,rps\n0,a,1\n", "header must be exactly t_s,model,rps"),
         ("t_s,model,rps\nzero,a,1\n", "line 2: t_s: must be a finite number >= 0, got 'zero'"),
-        ("t_s,model,rps\n0,a,-3\n", "line 2: rps: must be a finite number >= 0, got '-3'"),
-        ("t_s,model,rps\n0,a,nan\n", "line 2: rps: must be a finite number >= 0, got 'nan'"),
-        ("t_s,model,rps\n0,Bad_Name,1\n", "line 2: model: must be a DNS-1123 label, got 'Bad_Name'"),
+        ("t_s,model,rps\n0,a,-3\n", "line 2: rps: must be a number from 0 to 1,000,000,000 req/s, got '-3'"),
+        ("t_s,model,rps\n0,a,nan\n", "line 2: rps: must be a number from 0 to 1,000,000,000 req/s, got 'nan'"),
+        ("t_s,model,rps\n0,Bad_Name,1\n", "line 2: model: must be a DNS-1035 label (a model name), got 'Bad_Name'"),
         ("t_s,model,rps\n0,a,1\n0,a,2\n", "line 3: t_s: duplicate time 0 for model 'a'"),
         ("t_s,model,rps\n0,a\n", "line 2: expected 3 fields"),
         ("t_s,model,rps\n", "no data rows"),
@@ -113,7 +113,7 @@ def test_generator_rejects_bad_arguments():
         tr.generate("monthly", ["Bad"], 10, seed=0, step_s=60)
     text = " | ".join(exc.value.problems)
     assert "kind: must be one of" in text and "'monthly'" in text
-    assert "'Bad' is not a DNS-1123 label" in text
+    assert "'Bad' is not a DNS-1035 label" in text
     assert "duration_s: must be at least one step" in text
 
 

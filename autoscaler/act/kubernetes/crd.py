@@ -31,9 +31,9 @@ import copy
 import json
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from autoscaler.config.io import dump_yaml
 from autoscaler.config.schema import ModelConfig
 
 GROUP = "migscale.io"
@@ -317,4 +317,4 @@ CRD_HEADER = (
 
 
 def crd_yaml() -> str:
-    return CRD_HEADER + yaml.safe_dump(build_crd(), sort_keys=False, default_flow_style=False, width=100)
+    return CRD_HEADER + dump_yaml(build_crd(), width=100)
