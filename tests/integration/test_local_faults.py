@@ -188,6 +188,23 @@ def test_a_model_that_crashes_after_turning_ready_is_held_and_backs_off(tmp_path
         assert _shm(c.run_dir) == []
 
 
+def test_a_ready_replica_whose_python_stub_dies_is_restarted_not_left_answering_500(faulty):
+    """Its server stays up and healthy by its own endpoints, and answers 500 ("Stub process is not
+    healthy") to every request of the model: it serves nothing, so it is restarted."""
+    from autoscaler.act.local.pids import proc_children
+
+    c = faulty
+    assert c.apply([Action(ActionKind.CREATE, R, gpu=GPU, model="tiny", profile="1g.10gb", start=6)]) == []
+    r = next(iter(c.replicas()))
+    wait_until(lambda: r.state is ReplicaState.READY, 60, "tiny ready")
+    server = r.process.proc.pid
+    (stub,) = [p for p in proc_children(server) if "triton_python_backend_stub" in proc_command(p)]
+    os.kill(stub, signal.SIGKILL)
+    wait_until(lambda: r.restarts == 1 and r.state is ReplicaState.READY, 60, "tiny restarted and ready again")
+    assert not proc_alive(server) and r.process.proc.pid != server  # a new server, not the broken one
+    assert any(f"Python backend stub {stub} died" in ln for ln in r.last_error), r.last_error
+
+
 def test_a_replica_that_never_turns_ready_is_stopped_and_restarted_under_the_back_off(tmp_path):
     """Its initialize hangs: the server lives, never ready. It used to stay `starting` for good
     (counted as capacity on its way); after the startup timeout it is stopped and restarted."""

@@ -207,6 +207,15 @@ class ProcessGroup:
         for _, p in gens[:-KEEP_GENERATIONS]:
             shutil.rmtree(p, ignore_errors=True)
 
+    def note_stubs(self) -> None:
+        """The leader's Python stubs serving now (``TritonProcess.note_stubs``)."""
+        if self.leader is not None:
+            self.leader.note_stubs()
+
+    @property
+    def dead_stub(self) -> int | None:
+        return self.leader.dead_stub if self.leader is not None else None
+
     def failed(self) -> bool:
         """True when any member that was started has exited: the group must be recreated."""
         if self.leader is None:

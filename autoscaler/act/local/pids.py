@@ -181,6 +181,22 @@ def proc_has_env(pid: int, entry: bytes) -> bool:
         return False
 
 
+def proc_children(pid: int) -> list[int]:
+    """The direct children of ``pid``, from every one of its threads (a thread that forks is the parent)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 def _all_pids() -> list[int]:
     return [int(d) for d in os.listdir("/proc") if d.isdigit()]
 

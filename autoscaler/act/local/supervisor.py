@@ -206,6 +206,7 @@ class SupervisionMixin:
                 if routed and r.state is ReplicaState.STARTING and r.routable and c._replicas.get(r.id) is r:
                     r.state, r.since_s = ReplicaState.READY, now
                     r.process.ready_at = r.process.ready_at or time.time()
+                    r.process.note_stubs()  # from now on, a dead stub is a dead replica
                     c.log(f"ready {r.id} on port {r.port}")
         c.sync_targets()
 
@@ -218,7 +219,12 @@ class SupervisionMixin:
         r.exited_s = now
         r.exit_code = r.process.proc.returncode if r.process.proc is not None else None
         r.last_error = tuple(r.process.error_lines())
-        if r.startup_timed_out:
+        dead_stub = getattr(r.process, "dead_stub", None)
+        if dead_stub is not None:
+            # the server itself still runs: the reap after this ends it with its group
+            stub = f"Python backend stub {dead_stub} died: the server answered 500 to every request; stopped"
+            r.last_error = (*r.last_error[-4:], stub)
+        elif r.startup_timed_out:
             r.startup_timed_out = False
             stopped = f"not ready after {c.startup_timeout_s:.0f}s; stopped (the lines above are where its log stops)"
             r.last_error = (*r.last_error[-4:], stopped)
@@ -231,6 +237,8 @@ class SupervisionMixin:
             r.last_error = (*r.last_error[-4:], f"killed by {name} (its log shows no error)")
         what = f"group {r.id} lost a member ({', '.join(r.process.exited())})" if r.is_group else \
             f"replica {r.id} died (exit {r.exit_code})"
+        if dead_stub is not None:
+            what = f"replica {r.id}: its Python backend stub (pid {dead_stub}) died"
         delay = c.backoff.delay_s(r.id, now, now)
         if delay <= 0 or not c.auto_replace:
             r.state, r.since_s, r.next_restart_s = ReplicaState.FAILED, now, None

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
+from autoscaler.act.local.pids import proc_alive, proc_children, proc_command
 from autoscaler.act.local.procs import error_lines, kill_group, spawn, stop_child, tail_lines
 
 
@@ -234,6 +235,10 @@ class TritonProcess:
         self.summaries = summaries
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
         self.shm_prefix = shm_prefix(self.workdir, self.run_dir)
+        # the Python backend's stub processes serving when it turned ready, and the first of them
+        # found dead (``alive``)
+        self._stubs: tuple[int, ...] = ()
+        self.dead_stub: int | None = None
         # one copy of the backends (~2.8 MB) shared by every replica, not one per start
         self.backends_dir = Path(backends_dir) if backends_dir is not None else self.workdir.parent / "backends"
         self.proc: subprocess.Popen | None = None
@@ -295,6 +300,7 @@ class TritonProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.started_at = time.time()
         self.ready_at = None
+        self._stubs, self.dead_stub = (), None
         # The log is appended to across starts; what this start wrote begins here.
         self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         # Its own process group (procs.spawn): the Python stubs Triton forks join
@@ -310,7 +316,23 @@ class TritonProcess:
         )
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        """The server runs, and so does every Python stub it had when it turned ready
+        (``note_stubs``). A server whose stub died stays up and healthy by its own endpoints,
+        but answers 500 to every request of that model ("Stub process ... is not healthy"):
+        it serves nothing, so it counts as dead and is restarted."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        for pid in self._stubs:
+            if not proc_alive(pid):
+                self.dead_stub = pid
+                return False
+        return True
+
+    def note_stubs(self) -> None:
+        """Remember the Python backend stubs serving now (called when the replica turns ready)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self._stubs = tuple(p for p in proc_children(self.proc.pid)
+                                if "triton_python_backend_stub" in proc_command(p))
 
     def is_ready(self, timeout_s: float = 1.0) -> bool:
         """HTTP health says ready *and* the metrics port accepts connections.
@@ -380,6 +402,10 @@ class TritonProcess:
         """After the server died: end what it left in its group (its Python stubs) and in /dev/shm, at once."""
         if self.proc is not None:
             kill_group(self.proc.pid)
+            try:  # a server counted dead for a dead stub was still running: gone before any restart
+                self.proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                pass
             remove_shm_regions(self.shm_prefix)
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
