@@ -31,10 +31,9 @@ def parse_weights(text: str | None) -> dict[str, float]:
 def weights_from_file(path: str) -> dict[str, float]:
     """A YAML/JSON mapping ``{model: weight}``, or a models.yaml (every model, weight 1 or its
     ``weight`` field when present)."""
-    import yaml
+    from autoscaler.config.io import load_yaml  # the one YAML reader: YAML 1.2 numbers, size and alias limits
 
-    with open(path, encoding="utf-8") as f:
-        doc = yaml.safe_load(f)
+    doc = load_yaml(path)
     if isinstance(doc, Mapping) and "models" in doc and isinstance(doc["models"], list):
         return {str(m["name"]): float(m.get("weight", 1.0)) for m in doc["models"] if "name" in m}
     if isinstance(doc, Mapping) and isinstance(doc.get("weights", None), Mapping):

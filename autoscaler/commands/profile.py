@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 
 from autoscaler.act.local.pids import owned_tempdir
 from autoscaler.commands._common import fail, load_or_exit
+from autoscaler.config.io import dump_yaml
 from autoscaler.runtime.profile import TritonMeasurer, plot
 from autoscaler.runtime.profile_sweep import (
     CURVE_FRACTIONS,
@@ -248,7 +248,7 @@ def profile(
         doc["run"].update(open_requests=open_requests, refine=refine)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("# written by `migscale profile`; reference it from models.yaml as capacity_file\n"
-                   + yaml.safe_dump(doc, sort_keys=False))
+                   + dump_yaml(doc, sort_keys=False))
     png = plot_path or out.with_suffix(".png")
     plot(results, str(png))
     typer.echo(f"wrote {out} and {png} in {elapsed:.1f}s")

@@ -66,12 +66,12 @@ def test_round_trip_through_the_api_server_form(form: str):
     original = load_models(MODELS)
     objs = [d for d in yaml.safe_load_all(render(MODELS, CLUSTER, "--migmodels", "--namespace", "team-a")) if d]
     listing = as_kubectl_list(objs)
-    listing["items"][0]["spec"]["slo"]["queue_ms"] = 0.00001  # Go writes this 1e-05 in JSON
+    listing["items"][0]["spec"]["slo"]["p99_ms"] = 0.00001  # Go writes this 1e-05 in JSON
     text = json.dumps(listing, indent=4) if form == "json" else yaml.safe_dump(listing)
     if form == "json":
         assert "1e-05" in text
     back = parse_models(import_(text))
-    assert back.models[0].slo.queue_ms == 0.00001
+    assert back.models[0].slo.p99_ms == 0.00001
     assert back.models[1:] == original.models[1:]
 
 

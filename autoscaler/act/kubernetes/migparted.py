@@ -16,9 +16,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import yaml
-
 from autoscaler.act.kubernetes.render import Obj, RenderConfig, _meta, labels
+from autoscaler.config.io import dump_yaml
 from autoscaler.mig.layout import Placement
 
 
@@ -60,5 +59,5 @@ def mig_parted_configmap(entries: Mapping[str, Sequence[Mapping[str, Any]]], cfg
         "metadata": _meta(
             cfg.mig_parted_configmap, cfg, labels(component="mig-parted"), namespace=cfg.mig_parted_namespace
         ),
-        "data": {"config.yaml": yaml.safe_dump(doc, sort_keys=True)},
+        "data": {"config.yaml": dump_yaml(doc, sort_keys=True)},
     }

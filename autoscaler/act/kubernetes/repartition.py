@@ -58,8 +58,6 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import yaml
-
 from autoscaler.act.kubernetes.client import KubeError, KubeRest, owned
 from autoscaler.act.kubernetes.informer import Informer
 from autoscaler.act.kubernetes.inventory import allocatable_mig, is_ready, pod_profile, pod_uses_gpu
@@ -73,6 +71,7 @@ from autoscaler.act.kubernetes.render import (
 )
 from autoscaler.act.kubernetes.workloads import Workloads
 from autoscaler.clock import Clock
+from autoscaler.config.io import ConfigError, parse_documents
 from autoscaler.mig.layout import Placement
 
 Obj = dict[str, Any]
@@ -179,10 +178,12 @@ class Repartitioner:
         return None
 
     def _remember(self, cm: Obj) -> dict[str, Any]:
+        text = (cm.get("data") or {}).get("config.yaml") or ""
         try:
-            doc = yaml.safe_load((cm.get("data") or {}).get("config.yaml") or "") or {}
-        except yaml.YAMLError:
+            docs = parse_documents(text, "mig-parted ConfigMap config.yaml") if text.strip() else []
+        except ConfigError:
             return {}
+        doc = docs[0] if docs else {}
         configs = doc.get("mig-configs") if isinstance(doc, dict) else None
         if not isinstance(configs, dict):
             return {}
