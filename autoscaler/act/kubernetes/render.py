@@ -445,13 +445,3 @@ def render_all(
     out.append(pod_monitor(cfg))
     return out
 
-
-def min_replicas_desired(models: Sequence[ModelSpec]) -> dict[tuple[str, str], int]:
-    """Fallback replica counts: min_replicas on each model's first allowed profile."""
-    out: dict[tuple[str, str], int] = {}
-    for m in models:
-        if m.backend == "multinode":
-            out[(m.name, WHOLE)] = max(1, m.min_replicas)
-        elif m.allowed_profiles:
-            out[(m.name, m.allowed_profiles[0])] = max(1, m.min_replicas)
-    return out
