@@ -35,6 +35,10 @@ class FakeProcess:
     binary: Path = Path("fake-tritonserver")
     proc: None = None
     pid: None = None
+    dead_stub: None = None  # a fake has no Python stubs to die
+
+    def note_stubs(self) -> None:
+        """No stubs to remember (a real server's are, when it turns ready)."""
 
     @property
     def url_http(self) -> str:

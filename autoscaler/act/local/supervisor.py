@@ -219,7 +219,7 @@ class SupervisionMixin:
         r.exited_s = now
         r.exit_code = r.process.proc.returncode if r.process.proc is not None else None
         r.last_error = tuple(r.process.error_lines())
-        dead_stub = getattr(r.process, "dead_stub", None)
+        dead_stub = r.process.dead_stub
         if dead_stub is not None:
             # the server itself still runs: the reap after this ends it with its group
             stub = f"Python backend stub {dead_stub} died: the server answered 500 to every request; stopped"
