@@ -17,8 +17,10 @@ lists the models that get no more replacements until one of theirs is ready.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from autoscaler.policy.types import ClusterState
 
@@ -212,3 +214,20 @@ def _infra_note(status: dict, name: str) -> str:
         err = f": {st['last_error'][-1]}" if st.get("last_error") else ""
         return f"  [{st['state']}{when}{err}]"
     return f"  [restarted {st['restarts']}x]" if st.get("restarts") else ""
+
+
+def jsonable(obj: Any) -> Any:
+    """``obj`` as JSON-safe values: NaN and infinities as null (JSON has no spelling for them),
+    tuples and sets as lists, enums as their values (``/v1/status``, ``migscale explain --json``)."""
+    if obj is None or isinstance(obj, (str, bool, int)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in obj]
+    value = getattr(obj, "value", None)  # enums
+    if isinstance(value, (str, int)):
+        return value
+    return str(obj)

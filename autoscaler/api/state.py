@@ -45,6 +45,7 @@ from autoscaler.api.snapshot import (
 from autoscaler.api.views import cluster_json, finite, models_json, plan_json, slo_from_status
 from autoscaler.clock import Clock, WallClock
 from autoscaler.policy.types import ClusterState, ModelSpec, Observation, Plan
+from autoscaler.status import jsonable
 
 # the snapshot's names, for the routes that read it (custom.py, external.py, promexport.py)
 __all__ = [
@@ -184,7 +185,7 @@ class ApiState:
             # first read, exactly as it would have now.
             models = tuple(models)
             history = {m: tuple(pts) for m, pts in self._history.items()}
-            status_doc = _jsonable(status)  # a copy: the caller's dict may share live objects
+            status_doc = jsonable(status)  # a copy: the caller's dict may share live objects
             snap.bodies = {
                 "plan": lambda: dumps({
                     "t_s": now,
@@ -221,17 +222,3 @@ class ApiState:
                 buf.popleft()
 
 
-def _jsonable(obj: Any) -> Any:
-    """The status dict as JSON-safe values (NaN/Inf -> null; tuples -> lists; enums -> values)."""
-    if obj is None or isinstance(obj, (str, bool, int)):
-        return obj
-    if isinstance(obj, float):
-        return finite(obj)
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return [_jsonable(v) for v in obj]
-    value = getattr(obj, "value", None)  # enums
-    if isinstance(value, (str, int)):
-        return value
-    return str(obj)

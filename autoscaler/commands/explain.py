@@ -15,7 +15,6 @@ explained by it, not only by the planner's reasons.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autoscaler.commands._common import fail, print_rows
 from autoscaler.config.io import format_errors
-from autoscaler.status import crashloop_lines
+from autoscaler.status import crashloop_lines, jsonable
 
 LOG_NAME = "decisions.jsonl"
 
@@ -96,17 +95,6 @@ def read_decisions(path: Path) -> LogRead:
 def read_last_decision(path: Path) -> dict[str, Any] | None:
     """The newest well-formed decision line; None if none."""
     return read_decisions(path).record
-
-
-def finite_json(value: Any) -> Any:
-    """``value`` with NaN and infinities as null: JSON has no spelling for them."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: finite_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [finite_json(v) for v in value]
-    return value
 
 
 def _utc(t_s: float) -> str | None:
@@ -268,7 +256,7 @@ def register(app: typer.Typer) -> None:
             if status is not None:
                 rec = {**rec, "crashloop": [r for r in status.get("replicas", []) if r.get("state") == "crashloop"],
                        "crashloop_held": status.get("crashloop_held", [])}
-            typer.echo(json.dumps(finite_json(rec), indent=2, sort_keys=True, allow_nan=False))
+            typer.echo(json.dumps(jsonable(rec), indent=2, sort_keys=True, allow_nan=False))
         else:
             render(rec)
             for line in crashloop_lines(status or {}):

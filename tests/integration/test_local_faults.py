@@ -30,7 +30,7 @@ from autoscaler.act.local.nginx import NginxError, NginxFrontDoor, Route
 from autoscaler.act.local.pids import proc_alive, proc_command, started_from
 from autoscaler.act.local.ports import PortInUse
 from autoscaler.act.local.replicas import LocalReplica, ModelRuntime
-from autoscaler.act.local.triton import free_port, shm_prefix
+from autoscaler.act.local.triton import free_port, run_dir_shm_prefix
 from autoscaler.mig.layout import Placement
 from autoscaler.policy.types import Action, ActionKind, GpuState, Reason, ReplicaState
 
@@ -48,8 +48,7 @@ def _stubs(run_dir: Path) -> list[int]:
 
 def _shm(run_dir: Path) -> list[str]:
     """The Python backend's shared-memory regions of the servers run from ``run_dir``."""
-    prefix = shm_prefix(Path("x"), run_dir.resolve()).rsplit("-", 2)[0]  # migscale-<run dir tag>
-    return sorted(p.name for p in Path("/dev/shm").glob(prefix + "-*"))
+    return sorted(p.name for p in Path("/dev/shm").glob(run_dir_shm_prefix(run_dir) + "*"))
 
 
 def _pgid(pid: int) -> int | None:

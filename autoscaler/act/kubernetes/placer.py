@@ -125,9 +125,10 @@ class PodPlacer:
         with self._gate_lock:  # decided and recorded under the lock, written outside it: a tick's
             todo = self._ungate(self.pods.items() if pods is None else pods)  # place() never waits on HTTP
         errors: list[str] = []
-        for ns, name, patch, wl, placement, node in todo:
+        for pod, wl, placement, node in todo:
+            name = pod["metadata"]["name"]
             try:
-                self._lift(ns, name, patch, node)
+                self._lift(pod, node)
             except KubeError as exc:
                 with self._gate_lock:
                     self._ungated.pop(name, None)
@@ -138,24 +139,23 @@ class PodPlacer:
                     errors.append(f"ungate pod {name}: {exc}")
         return errors
 
-    def _lift(self, ns: str, name: str, patch: Obj, node: str) -> None:
-        """Send ``patch``; on 409 (the pod changed since the cache read it -- the scheduler marks a
-        gated pod right after its creation) make it again from the live pod, as client-go's
+    def _lift(self, pod: Obj, node: str) -> None:
+        """Lift ``pod``'s gate; on 409 (it changed since the cache read it -- the scheduler marks a
+        gated pod right after its creation) again from the live pod, as client-go's
         RetryOnConflict does, a few times."""
-        for _ in range(CONFLICT_RETRIES):
+        ns, name = pod["metadata"].get("namespace", self.namespace), pod["metadata"]["name"]
+        for attempt in range(CONFLICT_RETRIES + 1):
             try:
-                self.rest.merge_patch("v1", "Pod", ns, name, patch)
+                self.rest.merge_patch("v1", "Pod", ns, name, _ungate_patch(pod, node))
                 return
             except KubeError as exc:
-                if exc.status != 409:
+                if exc.status != 409 or attempt == CONFLICT_RETRIES:
                     raise
-            live = self.rest.get("v1", "Pod", ns, name)
-            if live is None:
+            pod = self.rest.get("v1", "Pod", ns, name)
+            if pod is None:
                 raise KubeError(404, f"pod {name} is gone")
-            if not any(g.get("name") == PLACEMENT_GATE for g in (live.get("spec") or {}).get("schedulingGates") or []):
+            if not _gated(pod):
                 return  # lifted by another writer meanwhile: nothing left to do
-            patch = _ungate_patch(live, node)
-        self.rest.merge_patch("v1", "Pod", ns, name, patch)
 
     def unpin(self) -> list[str]:
         """Recreate pods pinned to a node that cannot take them any more.
@@ -204,17 +204,17 @@ class PodPlacer:
                     errors.append(f"replace unschedulable pod {meta['name']}: {exc}")
         return errors
 
-    def _ungate(self, candidates: list[Obj]) -> list[tuple[str, str, Obj]]:
-        """The patches that lift the gate of new pods, recorded as done (undone by ``ungate`` on failure)."""
-        # (namespace, pod, patch, workload, the placement it used: put back if the patch fails, node)
-        todo: list[tuple[str, str, Obj, str, tuple[str, tuple[str, int] | None, float] | None, str]] = []
+    def _ungate(self, candidates: list[Obj]) -> list[tuple[Obj, str, tuple[str, tuple[str, int] | None, float] | None, str]]:
+        """The gated pods to lift, recorded as done (undone by ``ungate`` on failure): each with its
+        workload, the placement it used (put back if the patch fails) and its node ("" for none)."""
+        todo: list[tuple[Obj, str, tuple[str, tuple[str, int] | None, float] | None, str]] = []
         now = self.clock.now()
         self._ungated = {k: t for k, t in self._ungated.items() if now - t < WRITE_FRESH_S}
         self._unplaced = {k: t for k, t in self._unplaced.items() if now - t < 2 * PLACEMENT_TTL_S}
         self._refused = {k: t for k, t in self._refused.items() if now - t < PLACEMENT_TTL_S}
         gated = [p for p in candidates if p["metadata"]["name"] not in self._ungated
                  and not p["metadata"].get("deletionTimestamp")
-                 and any(g.get("name") == PLACEMENT_GATE for g in (p.get("spec") or {}).get("schedulingGates") or [])]
+                 and _gated(p)]
         if not gated:
             return todo
         # instances of each profile taken on each node: bound pods, and pods pinned there not yet bound;
@@ -282,8 +282,7 @@ class PodPlacer:
                 # snapshot) and goes there. After ``PLACEMENT_TTL_S`` it is let go to the scheduler.
                 continue
             self._unplaced.pop(name, None)
-            todo.append((pod["metadata"].get("namespace", self.namespace), pod["metadata"]["name"],
-                         _ungate_patch(pod, node), wl, (node, spot, placed_at) if planned else None, node))
+            todo.append((pod, wl, (node, spot, placed_at) if planned else None, node))
             self._ungated[pod["metadata"]["name"]] = now
             if node:
                 self._pinned[pod["metadata"]["name"]] = (node, profile, now)
@@ -315,6 +314,11 @@ class PodPlacer:
             self.spot_hints[pod] = spot
             while len(self.spot_hints) > MAX_SPOT_HINTS:
                 self.spot_hints.popitem(last=False)  # the oldest: its pod is long placed, or gone
+
+
+def _gated(pod: Obj) -> bool:
+    """``pod`` still carries migscale's placement gate."""
+    return any(g.get("name") == PLACEMENT_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 
 def _ungate_patch(pod: Obj, node: str) -> Obj:

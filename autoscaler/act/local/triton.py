@@ -180,9 +180,14 @@ def _tag(path: Path) -> str:
     return hashlib.sha1(str(path).encode()).hexdigest()[:10]
 
 
+def run_dir_shm_prefix(run_dir: Path) -> str:
+    """``migscale-<run dir tag>-``: what the regions of every server of ``run_dir`` begin with."""
+    return f"migscale-{_tag(Path(run_dir).resolve())}-"
+
+
 def shm_prefix(workdir: Path, run_dir: Path | None) -> str:
     """``migscale-<run dir tag>-<work dir tag>-``: the Python backend's region prefix for one server."""
-    return f"migscale-{_tag(run_dir)}-{_tag(workdir)}-" if run_dir is not None else f"migscale-{_tag(workdir)}-"
+    return (run_dir_shm_prefix(run_dir) if run_dir is not None else "migscale-") + f"{_tag(workdir)}-"
 
 
 def remove_shm_regions(prefix: str) -> int:
@@ -199,7 +204,7 @@ def remove_shm_regions(prefix: str) -> int:
 
 def remove_run_dir_shm(run_dir: Path) -> int:
     """Every region of the servers of ``run_dir`` (``migscale down``/``up`` once nothing of it runs)."""
-    return remove_shm_regions(f"migscale-{_tag(Path(run_dir).resolve())}-")
+    return remove_shm_regions(run_dir_shm_prefix(run_dir))
 
 
 class TritonProcess:
