@@ -220,7 +220,7 @@ class MigModelSource:
             return ModelReport(ready={}, desired={}, **base)
         name, plan = e.spec.name, self._plan
         profiles = (WHOLE,) if e.spec.backend == "multinode" else e.spec.allowed_profiles
-        desired = {p: n for (m, p), n in (plan.desired.items() if plan else ()) if m == name and n > 0}
+        desired = backend.committed(name, profiles)
         ready = {p: n for p in profiles if (n := backend.workloads.ready(name, p)) > 0}
         sig = (observation.models.get(name) if observation is not None else None)
         return ModelReport(

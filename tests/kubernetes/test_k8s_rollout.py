@@ -187,9 +187,10 @@ def test_a_new_pod_waits_for_its_planned_instance_while_a_pod_on_its_way_out_hol
     wait_until(lambda: (new_pod() or {}).get("spec", {}).get("nodeName") == "node-0", 10, "the pod bound to node-0")
 
 
-def test_a_gpu_stays_busy_until_the_pods_placed_on_it_exist(fake, backends):
+def test_a_gpu_and_model_stay_busy_until_the_pods_placed_on_it_exist(fake, backends):
     """Between a scale write and its pods reaching the cache, the snapshot shows their planned
-    instances as free: the GPU is reported busy meanwhile, so no plan puts a second replica there."""
+    instances as free and the model a replica short: the GPU and the model are reported busy
+    meanwhile, so no plan puts a second replica there or adds one elsewhere."""
     from k8s_helpers import pod
 
     fake.put_object(gpu_node("node-0", {"1g.10gb": 7}))
@@ -197,7 +198,7 @@ def test_a_gpu_stays_busy_until_the_pods_placed_on_it_exist(fake, backends):
     caught_up(be, fake)
     assert be.apply([replace(act("create", "resnet", gpu="node-0/0"), start=2), act("wait_ready", "resnet", gpu="node-0/0")]) == []
     assert be.placer.unclaimed("resnet", "1g.10gb") == 1  # no ReplicaSet here: the pod never comes
-    assert "node-0/0" in be.in_flight()[0]
+    assert "node-0/0" in be.in_flight()[0] and "resnet" in be.in_flight()[1]
     new = pod("resnet-1g-10gb-abc-xyz1", "", profile="1g.10gb", ready=False)
     new["spec"]["schedulingGates"] = [{"name": "migscale.io/placement"}]
     new["status"] = {"phase": "Pending"}
@@ -205,7 +206,7 @@ def test_a_gpu_stays_busy_until_the_pods_placed_on_it_exist(fake, backends):
     caught_up(be, fake)
     be.advance()  # its gate lifted, the placement taken
     assert be.placer.unclaimed("resnet", "1g.10gb") == 0
-    assert "node-0/0" not in be.in_flight()[0]  # the snapshot shows the pod there now
+    assert be.in_flight() == (frozenset(), frozenset())  # the snapshot shows the pod there now
     assert [(r.gpu, r.start) for r in be.snapshot().replicas] == [("node-0/0", 2)]
 
 

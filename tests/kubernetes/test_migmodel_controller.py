@@ -229,6 +229,28 @@ def test_measured_numbers_alone_are_rewritten_at_most_every_30_s(world):
     assert st["servedRps"] == 99.0 and st["p99Ms"] == 99.9
 
 
+def test_status_desired_counts_replicas_queued_behind_a_repartition(world):
+    """Replicas waiting for their node's re-cut are desired all along: the status never drops them
+    to 0 while the repartition runs (a plan made then cannot place them), nor shows 1/0 once one is up."""
+    c, kubectl, controller = world
+    # one replica on each node (high availability), each node re-cut in turn
+    assert kubectl.apply(migmodel("team-a", "resnet", profiles=["2g.20gb", "3g.40gb"],
+                                  capacity={"2g.20gb": 113, "3g.40gb": 160}, high_availability=True)).status_code == 201
+    ctl = controller({"resnet": 140.0})
+    seen: list[tuple[int, int, str]] = []
+
+    def ready() -> bool:
+        st = c.fake.get("MigModel", "resnet", "team-a").get("status") or {}
+        if "desiredReplicas" in st:
+            seen.append((st["readyReplicas"], st["desiredReplicas"], st["profiles"]))
+        return st.get("readyReplicas", 0) >= 2 and not ctl.backend.repartitioner.in_progress()
+
+    settle(c, ctl, ready, timeout_s=30)
+    assert sum(x.startswith("uncordon") for x in ctl.backend.repartitioner.log) == 2, "both nodes re-cut"
+    assert seen and all(desired == 2 for _ready, desired, _text in seen), seen
+    assert seen[-1][:2] == (2, 2)
+
+
 # ---------------------------------------------------------------- the command
 
 

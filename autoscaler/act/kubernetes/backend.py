@@ -222,6 +222,15 @@ class KubernetesBackend:
         models |= self.scaling_down()
         return frozenset(gpus), frozenset(models)
 
+    def committed(self, model: str, profiles: Sequence[str]) -> dict[str, int]:
+        """Replicas of ``model`` per profile that migscale has set or queued: each workload's
+        ``spec.replicas`` (our own latest write) plus what queued steps will add or remove. It is what
+        a MigModel's status calls desired: a plan made while nodes are repartitioned cannot place
+        the replicas waiting for them, and the planner's counts would show those as 0."""
+        queued = self.rollout.queued(model) if self.leading() else {}
+        out = {p: max(0, self.workloads.size(model, p) + queued.get(p, 0)) for p in {*profiles, *queued}}
+        return {p: n for p, n in out.items() if n > 0}
+
     def scaling_down(self) -> set[str]:
         """Models with a workload that has more live pods than its size: a scale-down written
         but not yet carried out (the ReplicaSet has not deleted the pod, or the cache has not

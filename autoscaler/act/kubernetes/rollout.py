@@ -415,10 +415,13 @@ class Rollout:
             for s in chain.steps:
                 if s.kind is ActionKind.WAIT_READY:
                     # the pods it waits for exist (the snapshot shows them on their instances) unless
-                    # their placements are still unclaimed: until then those instances look free, and a
-                    # plan would put a second replica on them (the ReplicaSet's "expectations")
+                    # their placements are still unclaimed (the ReplicaSet's "expectations"). Until
+                    # then those instances look free, and the model looks a replica short: a plan
+                    # would put a second replica on them, or add one elsewhere. Both stay held; an
+                    # unclaimed placement lapses after PLACEMENT_TTL_S, so the hold is bounded.
                     if s.model and s.profile and self.placer.unclaimed(s.model, s.profile):
                         gpus.update(s.gpus)
+                        models.add(s.model)
                     continue
                 gpus.update(s.gpus)
                 if s.model:
@@ -432,6 +435,20 @@ class Rollout:
                 for s in chain.steps:
                     if s.model:
                         out.setdefault(s.model, chain.why)
+        return out
+
+    def queued(self, model: str) -> dict[str, int]:
+        """Replicas of ``model`` per profile that queued steps will still add (CREATE) or remove (DELETE):
+        written once the repartition or the disruption budget they wait for allows."""
+        out: dict[str, int] = {}
+        for chain in self.chains:
+            for s in chain.steps:
+                if s.model != model or s.profile is None:
+                    continue
+                if s.kind is ActionKind.CREATE:
+                    out[s.profile] = out.get(s.profile, 0) + s.n
+                elif s.kind is ActionKind.DELETE:
+                    out[s.profile] = out.get(s.profile, 0) - (s.n - s.removed)
         return out
 
     def workload_names(self) -> set[str]:
