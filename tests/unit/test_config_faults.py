@@ -474,6 +474,19 @@ def test_render_names_each_model_it_renders_below_min_replicas(tmp_path):
     )
 
 
+def test_render_gives_a_multinode_model_only_the_groups_its_pool_holds(tmp_path):
+    data = yaml.safe_load(EXAMPLE_MODELS.read_text())
+    llm = next(m for m in data["models"] if m.get("backend") == "multinode")
+    llm.update(model_dir=str(REPO / "triton_models" / "llm"), min_replicas=2, max_replicas=2)
+    models = _write(tmp_path / "models.yaml", {"models": [llm]})
+    res = _run("render", str(models), str(EXAMPLE_CLUSTER))  # two RDMA nodes: one group of two
+    assert res.exit_code == 0, res.output
+    groups = [o["spec"]["replicas"] for o in parse_documents(res.stdout, "render") if o["kind"] == "LeaderWorkerSet"]
+    assert groups == [1]
+    assert res.stderr.splitlines() == [
+        "render: llm: min_replicas 2, rendered 1 (the cluster's GPUs hold no more beside the other models)"]
+
+
 def test_render_with_zero_demand_renders_what_plan_decides(tmp_path):
     models = _fleet(tmp_path, 0, 8)
     demand = _write(tmp_path / "demand.yaml", {"resnet": 0, "bert": 0, "rnn": 0})

@@ -424,7 +424,6 @@ def model_objects(spec: ModelSpec, desired: Mapping[tuple[str, str], int], cfg: 
     out: list[Obj] = [service(spec, cfg)]
     if spec.backend == "multinode":
         groups = sum(n for (m, _p), n in desired.items() if m == spec.name)
-        groups = max(groups, spec.min_replicas)
         if groups > 0:
             out.append(leader_worker_set(spec, groups, cfg))
         return out
