@@ -12,6 +12,7 @@ for it (``h.scheduler_places``) -- never nothing.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 from autoscaler.mig import Placement
@@ -49,6 +50,14 @@ def delete(rid, model, gpu):
 
 def repartition(gpu, layout):
     return Action(ActionKind.REPARTITION, Reason.REPARTITION, gpu=gpu, layout=tuple(layout))
+
+
+def until_shown(h, rid, timeout_s=10.0):
+    """Snapshots until one shows ``rid`` (a created replica's pod reaches the cache in ms on Kubernetes)."""
+    deadline = time.monotonic() + timeout_s
+    while not any(r.id == rid for r in h.snapshot().replicas):
+        assert time.monotonic() < deadline, f"{rid} never shown"
+        time.sleep(0.02)
 
 
 def same_layout(h, gpu, target):
@@ -152,6 +161,8 @@ def test_a_wait_on_a_replica_a_later_plan_removed_is_done(make):
              wait("m-1", "m", "g0", 1), wait("m-0", "m", "g0", 0),
              drain("n-0", "n", "g0"), delete("n-0", "n", "g0")]
     assert h.apply(first) == []
+    # the later plan is made from a snapshot that shows m-0 (a plan names only replicas it saw)
+    until_shown(h, "m-0")
     assert h.apply([drain("m-0", "m", "g0"), delete("m-0", "m", "g0")]) == []
     h.settle()
     h.late_errors()
