@@ -66,7 +66,7 @@ def test_killing_a_worker_recreates_the_whole_group(group):
         time.sleep(0.1)
     assert group.failed(), "losing a worker must mark the group failed"
     group.recreate()
-    group.wait_ready(30)
+    group.wait_ready(120)  # as the first start: a fresh group of processes on a machine shared with other tests
     new_pids = group.pids()
     # RecreateGroupOnPodRestart: every member is new, the old leader is gone too.
     assert old_leader not in new_pids and old_worker not in new_pids

@@ -27,7 +27,6 @@ from typing import Any
 import yaml
 from controllers import requests_of
 from fakeapi import ApiError, FakeKube
-from fakesem import copy_obj
 
 Obj = dict[str, Any]
 CONFIG, STATE = "nvidia.com/mig.config", "nvidia.com/mig.config.state"
@@ -80,15 +79,26 @@ class MigManager:
         return (doc.get("mig-configs") or {}).get(name)
 
     def _write(self, node: Obj, labels: dict[str, str], alloc: dict[str, str] | None) -> None:
-        new = copy_obj(node)
-        new["metadata"]["labels"] = labels
-        try:
-            new = self.fake.update_obj(new, self.manager, check_rv=False, validate=False)
-            if alloc is not None:
-                new["status"] = {**(new.get("status") or {}), "allocatable": alloc, "capacity": dict(alloc)}
-                self.fake.update_obj(new, self.manager, sub="status", check_rv=False, validate=False)
-        except ApiError:
-            pass
+        """``labels`` as a change to what this step read from ``node``, applied to the node as it is
+        now: mig-manager labels a node one key at a time, so a label someone else wrote since the
+        step read it (a new ``nvidia.com/mig.config``) is never put back."""
+        old = node["metadata"].get("labels") or {}
+        with self.fake.lock:
+            new = self.fake.get("Node", node["metadata"]["name"], None)
+            if new is None:
+                return
+            cur = dict(new["metadata"].get("labels") or {})
+            for k in old.keys() - labels.keys():
+                cur.pop(k, None)
+            cur.update({k: v for k, v in labels.items() if old.get(k) != v})
+            new["metadata"]["labels"] = cur
+            try:
+                new = self.fake.update_obj(new, self.manager, check_rv=False, validate=False)
+                if alloc is not None:
+                    new["status"] = {**(new.get("status") or {}), "allocatable": alloc, "capacity": dict(alloc)}
+                    self.fake.update_obj(new, self.manager, sub="status", check_rv=False, validate=False)
+            except ApiError:
+                pass
 
     def step(self, now: float) -> None:
         pods = self.fake.view("Pod")

@@ -55,8 +55,12 @@ def settle(be, fake) -> list[str]:
         be.snapshot()
         be.advance()
         late.extend(be.take_errors())
-        return (not be.rollout.chains and converged()
-                and not any(r.state is not ReplicaState.READY for r in be.snapshot().replicas))
+        if be.rollout.chains or not converged():
+            return False
+        # the server has converged; the caches must have seen it too, or a pod the watch has not
+        # delivered yet would pass as "nothing starting"
+        caught_up(be, fake)
+        return not any(r.state is not ReplicaState.READY for r in be.snapshot().replicas)
 
     wait_until(quiet, 15, "nothing queued, starting or draining")
     caught_up(be, fake)  # the caches have seen what the server converged to

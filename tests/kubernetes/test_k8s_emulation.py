@@ -127,6 +127,24 @@ def test_mig_manager_fails_while_a_gpu_is_in_use_and_applies_when_idle(cluster):
     assert "nvidia.com/mig-1g.10gb.count" not in node["metadata"]["labels"]
 
 
+def test_mig_manager_writes_its_labels_as_changes_and_never_puts_back_a_config_label():
+    """A step that read the node before someone relabelled it changes only its own keys."""
+    from fakeapi import FakeKube
+    from gpu_operator import MigManager
+
+    fake = FakeKube()
+    fake.put_object(gpu_node("n", {"1g.10gb": 7}, config="all-1g"))
+    stale = fake.get("Node", "n", None)
+    fresh = fake.get("Node", "n", None)
+    fresh["metadata"]["labels"].update({"nvidia.com/mig.config": "two-3g", "team": "a"})
+    fake.update_obj(fresh, "migscale", check_rv=False)
+    lbls = stale["metadata"]["labels"]
+    MigManager(fake)._write(stale, {**lbls, "nvidia.com/mig.config.state": "pending"}, None)
+    now = fake.get("Node", "n", None)["metadata"]["labels"]
+    assert now["nvidia.com/mig.config"] == "two-3g" and now["team"] == "a"
+    assert now["nvidia.com/mig.config.state"] == "pending"
+
+
 def test_the_hpa_reads_migscales_external_metric_over_http_and_scales_its_target(cluster):
     fake = cluster.fake
     cluster.add_nodes(1, {"1g.10gb": 7})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
 from emulated import EmulatedCluster
 from gpu_operator import gpu_node
 from loadprom import LoadPrometheus
@@ -94,6 +95,8 @@ policy:
 """
 
 
+@pytest.mark.integration
+@pytest.mark.alone  # its verdict is an interval on the wall clock: the wake came before the cadence's tick
 def test_a_step_in_load_wakes_a_tick_before_the_cadence_and_it_scales_up(tmp_path: Path):
     (tmp_path / "models.yaml").write_text(MODELS)
     (tmp_path / "cluster.yaml").write_text(CLUSTER)

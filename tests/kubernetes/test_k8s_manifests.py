@@ -127,7 +127,9 @@ def test_rbac_allows_every_request_the_backend_sends(cluster, connect, backends)
     fake.put_object(gpu_node("node-b", {"3g.40gb": 2, "1g.10gb": 1}, config="c0"))
     model = ModelSpec("resnet", {"3g.40gb": 160, "1g.10gb": 58}, ("3g.40gb", "1g.10gb"))
     rest = connect("migscale/ctl")
-    elector = LeaseElector(rest, namespace="migscale-system", identity="ctl", clock=WallClock())
+    # no renew thread here: a lease long enough that a slow run never loses it half-way
+    elector = LeaseElector(rest, namespace="migscale-system", identity="ctl", clock=WallClock(),
+                           lease_duration_s=600, renew_deadline_s=500.0)
     be = backends([model], user_agent="migscale/ctl", elector=elector)
     be.rest.guard = elector.check_write
     assert elector.step().leader

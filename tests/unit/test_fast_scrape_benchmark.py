@@ -14,7 +14,10 @@ def test_both_forms_read_every_pod_and_a_silent_pod_only_loses_its_own_model(tmp
     import fast_scrape
 
     out = tmp_path / "fs.json"
-    assert fast_scrape.main(["--pods", "12", "--rounds", "1", "--silent-at", "20", "--out", str(out)]) == 0
+    # a small direct fleet and no real Triton: the benchmark's forms all run, light enough that the
+    # 0.5 s timeout it scrapes with is not met by this test's own load
+    assert fast_scrape.main(["--pods", "12", "--rounds", "1", "--silent-at", "20", "--direct", "16", "--no-triton",
+                             "--out", str(out)]) == 0
     got = json.loads(out.read_text())
     for form in ("serial", "pooled"):
         run = got["pods"]["12"][form]
@@ -23,4 +26,5 @@ def test_both_forms_read_every_pod_and_a_silent_pod_only_loses_its_own_model(tmp
         silent = got["silent_5pct"]["20"][form]
         assert silent["failures"] == 2 and silent["models_with_signals"] == 19, silent
     assert got["pods"]["12"]["pooled"]["every_s"] >= 1.0
+    assert {"kept", "reconnect", "httpx_pool16"} <= set(got["direct"]["16"])
     assert len(got["code"]) == 12
