@@ -67,7 +67,13 @@ def test_a_repartition_moves_one_step_per_tick_and_never_empties_the_model(clust
     st = json.loads(node["metadata"]["annotations"][ANNOTATION])
     assert st["phase"] == "draining" and node["spec"]["unschedulable"] and st["cordoned"] is True
     assert be.in_flight()[0] >= {"node-a/0"} and "resnet" in be.in_flight()[1]
-    assert run(be, fake, lambda: phase(fake) is None, samples) is True
+    desired = []  # what the model's status calls desired, each tick
+
+    def done() -> bool:
+        desired.append(be.committed("resnet", ("3g.40gb",)))
+        return phase(fake) is None
+
+    assert run(be, fake, done, samples) is True
     node = fake.get("Node", "node-a", None)
     name = node["metadata"]["labels"][MIG_CONFIG_LABEL]
     cm = fake.get("ConfigMap", CFG.mig_parted_configmap, CFG.mig_parted_namespace)
@@ -82,6 +88,7 @@ def test_a_repartition_moves_one_step_per_tick_and_never_empties_the_model(clust
     assert fake.get("Deployment", "resnet-3g-40gb")["spec"]["replicas"] == 2  # the surge is undone
     steps = [s.split()[0] for s in be.repartitioner.log]
     assert steps[:3] == ["config", "cordon", "surge"] and steps[-2:] == ["unsurge", "uncordon"], steps
+    assert desired and all(d == {"3g.40gb": 2} for d in desired), desired  # the surge is no decision
     assert be.snapshot().gpu("node-a/0").layout == TARGET
     assert be.inventory.configs[name] == be.repartitioner.configs[name]  # the inventory reads what was written
     assert be.inventory.starts["node-a"] == (name, (TARGET,))  # and the starts the planner asked for

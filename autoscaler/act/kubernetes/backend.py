@@ -45,7 +45,7 @@ from autoscaler.act.kubernetes.inventory import KubeInventory, is_ready, pod_pro
 from autoscaler.act.kubernetes.leader import LeaseElector
 from autoscaler.act.kubernetes.leader import micro_time as rfc3339
 from autoscaler.act.kubernetes.placer import PodPlacer
-from autoscaler.act.kubernetes.render import MODEL_LABEL, WHOLE, OwnerRef, RenderConfig
+from autoscaler.act.kubernetes.render import MODEL_LABEL, WHOLE, OwnerRef, RenderConfig, workload_name
 from autoscaler.act.kubernetes.repartition import Repartitioner
 from autoscaler.act.kubernetes.rollout import Rollout, chain_groups
 from autoscaler.act.kubernetes.workloads import Caches, Workloads, make_caches
@@ -226,9 +226,17 @@ class KubernetesBackend:
         """Replicas of ``model`` per profile that migscale has set or queued: each workload's
         ``spec.replicas`` (our own latest write) plus what queued steps will add or remove. It is what
         a MigModel's status calls desired: a plan made while nodes are repartitioned cannot place
-        the replicas waiting for them, and the planner's counts would show those as 0."""
+        the replicas waiting for them, and the planner's counts would show those as 0. A workload
+        at the size a repartition's surge gave it counts at its size before."""
         queued = self.rollout.queued(model) if self.leading() else {}
-        out = {p: max(0, self.workloads.size(model, p) + queued.get(p, 0)) for p in {*profiles, *queued}}
+        # a repartition's surge is a stand-in while a node drains, not a decision: counted at its size before
+        surged = {w: sizes for st in self.repartitioner.in_progress().values()
+                  for w, sizes in (st.get("surge") or {}).items()}
+        out = {}
+        for p in {*profiles, *queued}:
+            size = self.workloads.size(model, p)
+            before, after = surged.get(workload_name(model, p), (size, size))
+            out[p] = max(0, (before if size == after else size) + queued.get(p, 0))
         return {p: n for p, n in out.items() if n > 0}
 
     def scaling_down(self) -> set[str]:
