@@ -30,6 +30,7 @@ from typing import ClassVar
 
 from locust import LoadTestShape, events
 
+from loadtests import checks as checks_mod
 from loadtests import shapes as shapes_mod
 from loadtests import slo as slo_mod
 from loadtests.triton_user import PACER, TritonUser, parse_weights, weights_from_file
@@ -112,8 +113,13 @@ def _on_init(environment, **_kw) -> None:
         problems = getattr(e, "problems", None)
         _fail("; ".join(problems) if problems else f"{type(e).__name__}: {e}")
         return
-    if o.user_rps <= 0:
-        _fail(f"user-rps: must be > 0, got {o.user_rps}")
+    problems = checks_mod.option_problems(
+        set(weights_from_file(o.models_yaml)) if o.models_yaml else None,
+        models=o.models, slo=o.slo, slo_models=o.slo_models, slo_ignore=o.slo_ignore, user_rps=o.user_rps,
+        warmup_s=o.slo_warmup_s, duration_s=shape.duration_s or None, max_error_rate=o.max_error_rate,
+        trace_models=set(shape.points) if isinstance(shape, shapes_mod.TraceReplay) else None)
+    if problems:
+        _fail("; ".join(p.removeprefix("--") for p in problems))
     if o.users_max < 1:
         _fail(f"users-max: must be >= 1, got {o.users_max}")
     if o.protocol == "grpc" and _GRPC_GEVENT_ERROR is not None:
@@ -135,7 +141,7 @@ def _on_init(environment, **_kw) -> None:
     _Settings.users_max = o.users_max
     _Settings.ramp = o.ramp_users_per_s
     PACER.weights = dict(weights)
-    slo_mod.install(environment, targets, windows, o.results_dir or None)
+    slo_mod.install(environment, targets, windows, o.results_dir or None, planned_s=shape.duration_s)
 
 
 class TritonModelUser(TritonUser):
@@ -164,7 +170,6 @@ class ShapeDriver(LoadTestShape):
                   f"{math.ceil(total / _Settings.user_rps)} users at --user-rps {_Settings.user_rps}; "
                   f"capped at --users-max {users}, each user asked for {per_user:.1f} req/s",
                   file=sys.stderr, flush=True)
-        if total > 0:
-            PACER.weights = rates
+        PACER.weights = rates  # a model at 0 req/s this second gets nothing, whatever it had before
         PACER.per_user_rps = per_user
         return (users, _Settings.ramp)

@@ -1,10 +1,11 @@
 """The SLO verdict of a load test: did every model meet its latency and error targets?
 
 This sits *after* the loop: it judges what the autoscaler delivered. During a
-locust run, ``SloRecorder`` keeps its own locust ``RequestStats`` that only
-counts requests outside the excluded windows (warm-up, and the reaction windows
-in which the autoscaler is expected to be catching up with a spike), so the
-percentiles are locust's own, computed over the judged part of the run. At the
+locust run, ``SloRecorder`` counts only requests outside the excluded windows
+(warm-up, and the reaction windows in which the autoscaler is expected to be
+catching up with a spike), and keeps the successful ones' latencies to 0.1%
+(``LatencyHistogram``: locust's own percentiles are rounded to 10 ms above
+100 ms, which a ``<=`` comparison would read as a pass). At the
 ``quitting`` event the verdict is printed as a table, written as JSON to the
 results directory, and a miss sets ``environment.process_exit_code = 1``.
 
@@ -106,6 +107,8 @@ def _fmt(v: float | None, metric: str) -> str:
         return "-"
     if metric == "error_rate":
         return f"{100 * v:.2f}%"
+    if metric == "run_s":
+        return f"{v:.0f} s"
     return f"{v:.1f} ms"
 
 
@@ -114,7 +117,8 @@ def verdict(
     targets: Mapping[str, SloTarget],
     excluded_windows_s: Sequence[tuple[float, float]] = (),
 ) -> Verdict:
-    """Check each model that has a target; models without a target are reported but not judged."""
+    """Check each model that has a target; models without a target are reported but not judged.
+    With no target at all the verdict fails: nothing was judged."""
     checks: list[Check] = []
     for model in sorted(targets):
         t = targets[model]
@@ -127,9 +131,12 @@ def verdict(
             if target is None:
                 continue
             actual = getattr(r, metric)
-            checks.append(Check(model, metric, target, actual, actual is not None and actual <= target))
+            checks.append(Check(model, metric, target, actual, actual is not None and actual <= target,
+                                "" if actual is not None else "no successful requests"))
         er = r.error_rate
         checks.append(Check(model, "error_rate", t.max_error_rate, er, er is not None and er <= t.max_error_rate))
+    if not checks:  # nothing judged is no pass
+        checks.append(Check("-", "models", None, None, False, "no model has a target to judge"))
     return Verdict(passed=all(c.ok for c in checks), checks=checks, results=dict(results),
                    excluded_windows_s=list(excluded_windows_s))
 
@@ -218,18 +225,55 @@ def targets_from_models(
 # ---------------------------------------------------------------- locust side
 
 
+class LatencyHistogram:
+    """Latencies in buckets 0.1% wide, read back at each bucket's upper edge.
+
+    locust's own percentiles round a response time to 1 ms below 100 ms, to 10 ms
+    below 1 s and to 100 ms above, and a verdict compares with ``<=``: a p99 of
+    154.9 ms would read 150 and pass a 150 ms target. Here a percentile is never
+    below the true one and at most 0.1% above it, so a miss is never read as a pass;
+    memory is bounded by the range (about 21,000 buckets from 1 us to 10^4 s).
+    """
+
+    STEP = 1.001
+    FLOOR_MS = 0.001
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+        self.n = 0
+
+    def add(self, ms: float) -> None:
+        b = math.ceil(math.log(max(ms, self.FLOOR_MS)) / math.log(self.STEP) - 1e-9)
+        self.counts[b] = self.counts.get(b, 0) + 1
+        self.n += 1
+
+    def percentile(self, q: float) -> float | None:
+        """The nearest-rank q-quantile (0 < q <= 1), as its bucket's upper edge; None when empty."""
+        if not self.n:
+            return None
+        rank = max(1, math.ceil(q * self.n - 1e-9))
+        seen = 0
+        for b in sorted(self.counts):
+            seen += self.counts[b]
+            if seen >= rank:
+                return self.STEP ** b
+        raise AssertionError("unreachable: the ranks add up to n")
+
+
 class SloRecorder:
-    """Counts, in a separate locust ``RequestStats``, only the requests outside excluded windows.
+    """Counts only the requests outside excluded windows, per model: requests, failures, and the
+    latencies of the successful ones (``LatencyHistogram``): a failed request's time is no latency
+    the model served, so a model whose every request failed has no percentile to pass.
 
     The window clock starts at ``test_start`` (the first tick of the load shape), so
     ``--slo-warmup-s 5`` means "ignore requests sent in the first 5 s of load".
     """
 
     def __init__(self, windows: Sequence[tuple[float, float]]) -> None:
-        from locust.stats import RequestStats
-
         self.windows = list(windows)
-        self.stats = RequestStats(use_response_times_cache=False)
+        self.requests: dict[str, int] = {}
+        self.failures: dict[str, int] = {}
+        self.latency: dict[str, LatencyHistogram] = {}
         self.started: float | None = None
         self.excluded = 0
 
@@ -245,38 +289,36 @@ class SloRecorder:
         if in_windows(t, self.windows):
             self.excluded += 1
             return
-        self.stats.log_request(request_type, name, response_time, response_length)
+        # one model over several request types (http and grpc in one run) is judged as one
+        self.requests[name] = self.requests.get(name, 0) + 1
         if exception is not None:
-            self.stats.log_error(request_type, name, exception)
+            self.failures[name] = self.failures.get(name, 0) + 1
+        else:
+            self.latency.setdefault(name, LatencyHistogram()).add(float(response_time or 0.0))
 
     def results(self) -> dict[str, ModelResult]:
-        merged: dict[str, list] = {}
-        for (name, _method), e in self.stats.entries.items():
-            merged.setdefault(name, []).append(e)
         out = {}
-        for name, entries in merged.items():
-            # one model over several request types (http and grpc in one run) is judged as one
-            e = entries[0]
-            if len(entries) > 1:
-                from locust.stats import StatsEntry
-
-                e = StatsEntry(self.stats, name, "mixed")
-                for x in entries:
-                    e.extend(x)
-            n = e.num_requests
-            p50, p95, p99 = (float(e.get_response_time_percentile(q)) if n else None for q in (0.5, 0.95, 0.99))
-            out[name] = ModelResult(name, n, e.num_failures, p50, p95, p99)
+        for name, n in self.requests.items():
+            h = self.latency.get(name) or LatencyHistogram()
+            p50, p95, p99 = (h.percentile(q) for q in (0.5, 0.95, 0.99))
+            out[name] = ModelResult(name, n, self.failures.get(name, 0), p50, p95, p99)
         return out
 
 
 def install(environment: Any, targets: Mapping[str, SloTarget], windows: Sequence[tuple[float, float]],
-            results_dir: str | None) -> SloRecorder:
-    """Hook the recorder into a locust Environment; the verdict is taken at ``quitting``."""
+            results_dir: str | None, planned_s: float | None = None) -> SloRecorder:
+    """Hook the recorder into a locust Environment; the verdict is taken at ``quitting``.
+
+    A run that stopped more than a second before ``planned_s`` (Ctrl-C, SIGTERM) is judged
+    on what ran and fails as interrupted: the part it never sent (a spike) is no pass."""
     rec = SloRecorder(windows)
+    if results_dir:  # an earlier run's verdict must never stand for this one
+        (Path(results_dir) / "slo.json").unlink(missing_ok=True)
     environment.events.test_start.add_listener(rec.start)
     environment.events.request.add_listener(rec.on_request)
 
     def on_quitting(environment: Any, **_kw: Any) -> None:
+        ran_s = time.time() - rec.started if rec.started is not None else 0.0
         opts = getattr(environment, "parsed_options", None)
         if getattr(opts, "csv_prefix", None):
             # locust rewrites its CSV files once a second (CSV_STATS_INTERVAL_SEC) and does not
@@ -285,19 +327,27 @@ def install(environment: Any, targets: Mapping[str, SloTarget], windows: Sequenc
             from locust.stats import CSV_STATS_INTERVAL_SEC
 
             gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.2)
+        if not targets:
+            # locust run by hand as a plain load generator: no verdict, locust's own exit code
+            print("SLO verdict: none (no targets: --models-yaml or --slo gives them)", flush=True)
+            return
         v = verdict(rec.results(), targets, windows)
+        interrupted = planned_s is not None and ran_s < planned_s - 1.0
+        if interrupted:
+            v.checks.append(Check("-", "run_s", planned_s, ran_s, False, "interrupted"))
+            v.passed = False
         print(v.table(), flush=True)
         if results_dir:
             p = Path(results_dir)
             p.mkdir(parents=True, exist_ok=True)
-            doc = v.to_json() | {"requests_excluded": rec.excluded}
-            (p / "slo.json").write_text(json.dumps(doc, indent=2) + "\n")
-        if not v.passed:
-            environment.process_exit_code = 1
-        elif targets:
-            # every judged model met its targets, including the error budget: a few failed
-            # requests inside that budget must not fail the run through locust's own rule
-            environment.process_exit_code = 0
+            doc = v.to_json() | {"requests_excluded": rec.excluded, "interrupted": interrupted,
+                                 "ran_s": round(ran_s, 1), "planned_s": planned_s}
+            tmp = p / ".slo.json.tmp"
+            tmp.write_text(json.dumps(doc, indent=2) + "\n")
+            tmp.replace(p / "slo.json")  # whole or not at all
+        # every judged model met its targets, including the error budget: a few failed
+        # requests inside that budget must not fail the run through locust's own rule
+        environment.process_exit_code = 0 if v.passed else 1
 
     environment.events.quitting.add_listener(on_quitting)
     return rec

@@ -138,6 +138,8 @@ class TritonUser(User):
     # ---------------------------------------------------------------- the task
     @task
     def infer(self) -> None:
+        if self.pacer.per_user_rps <= 0:
+            return  # a rate of 0 (a trace gap, --base-rps 0) sends nothing
         model = self.pacer.pick_model(self.rng)
         if model is None:
             return
@@ -146,7 +148,9 @@ class TritonUser(User):
         exc: BaseException | None = None
         length = 0
         try:
+            # the client's own set-up (metadata, inputs) once per model, outside the request's latency
             inputs, outputs = self._prepared(model)
+            start = time.perf_counter()
             # a front door's reload may close the connection unanswered: one resend (loadtests/resend.py)
             result = resend.infer(self.client, model, inputs, outputs)
             length = response_bytes(result)

@@ -3,14 +3,22 @@
 Outside the loop: it generates the demand and grades the result. The command
 is a thin, documented wrapper: it builds one ``locust ... --headless`` line,
 prints it (so it can be re-run by hand or in CI without migscale), runs it, and
-exits with locust's exit code (1 = an SLO missed, see ``loadtests/slo.py``).
+exits with locust's exit code: 0 every SLO held, 1 one was missed or nothing
+was judged (``loadtests/slo.py``), 2 bad input (checked here first, by
+``loadtests/checks.py``, before the results folder is touched), 124 locust did
+not exit in time, 130/143 interrupted by SIGINT/SIGTERM (locust is stopped in
+order and writes the verdict of the part that ran, marked interrupted).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -51,11 +59,12 @@ def loadtest(
     Prints and runs the equivalent `locust -f loadtests/locustfile.py
     --headless ...` line, writes results/locust_stats.csv, results/report.html
     and results/slo.json, and exits 0 when every SLO held, 1 when one was
-    missed, 2 on bad input.
+    missed, 2 on bad input, 124 when locust did not exit in time, and 130 or
+    143 when interrupted (the verdict of the part that ran is marked so).
     """
     problems = []
     try:
-        duration_s = parse_duration(duration, "--duration")
+        duration_s = parse_duration(duration, "--duration", max_s=MAX_DURATION_S)
     except ValueError as e:
         problems.append(str(e))
         duration_s = 0.0
@@ -66,15 +75,20 @@ def loadtest(
         problems.append(str(e))
     if protocol not in ("http", "grpc"):
         problems.append(f"--protocol: must be http or grpc, got {protocol!r}")
+    known: set[str] | None = None
     if not models_yaml.is_file():
         problems.append(f"MODELS: no such file, got {str(models_yaml)!r}")
     else:
-        load_models_or_exit(models_yaml)  # exits 2 with one line per problem in models.yaml
+        # exits 2 with one line per problem in models.yaml
+        known = {m.name for m in load_models_or_exit(models_yaml).models}
+    trace_models: set[str] | None = None
     if duration_s > 0:
-        from loadtests.shapes import ShapeError, parse_shape_args, shape_from_spec
+        from loadtests.shapes import ShapeError, TraceReplay, parse_shape_args, shape_from_spec
 
         try:  # the same check locust does, before spending a locust start-up on it
-            shape_from_spec(shape, duration_s, base_rps, peak_rps, **parse_shape_args(shape_args))
+            built = shape_from_spec(shape, duration_s, base_rps, peak_rps, **parse_shape_args(shape_args))
+            if isinstance(built, TraceReplay):
+                trace_models = set(built.points)
         except ShapeError as e:
             msg = str(e)
             for field, opt in (("shape-args", "--shape-args"), ("shape:", "--shape:"), ("base_rps", "--base-rps"),
@@ -85,6 +99,12 @@ def loadtest(
             problems.append(msg)
     if users_max < 1:
         problems.append(f"--users-max: must be >= 1, got {users_max}")
+    from loadtests.checks import option_problems
+
+    problems += option_problems(known, models=models, slo=slo, slo_models=slo_models, slo_ignore=slo_ignore,
+                                user_rps=user_rps, warmup_s=warmup_s, duration_s=duration_s or None,
+                                trace_models=trace_models)
+    problems += _results_problems(results)
     if host is None:
         host = frontdoor_from_run_dir(run_dir)
         if host is None:
@@ -96,7 +116,12 @@ def loadtest(
         problems.append(f"--host: {why}, got {host!r}")
     if problems:
         fail(problems)
-    results.mkdir(parents=True, exist_ok=True)
+    try:
+        results.mkdir(parents=True, exist_ok=True)
+        # a verdict left from an earlier run must never stand for this one, which may end without one
+        (results / "slo.json").unlink(missing_ok=True)
+    except OSError as e:
+        fail([f"--results: {e.strerror or e}, got {str(results)!r}"])
     cmd = build_command(
         models_yaml=str(models_yaml), host=host, results=results, duration_s=duration_s, shape=shape,
         shape_args=shape_args, base_rps=base_rps, peak_rps=peak_rps, protocol=protocol, models=models,
@@ -104,18 +129,61 @@ def loadtest(
         slo_ignore=slo_ignore,
     )
     typer.echo("+ " + shlex.join(cmd), err=True)
+    raise typer.Exit(_run_locust(cmd, duration_s))
+
+
+MAX_DURATION_S = 30 * 86400.0
+EXIT_TIMEOUT = 124  # locust did not exit in time (as timeout(1)): no verdict, distinct from 1 (an SLO missed)
+STOP_GRACE_S = 15.0  # an interrupted locust's own stop: its users end, then the verdict of what ran is written
+
+
+def _results_problems(results: Path) -> list[str]:
+    if results.exists() and not results.is_dir():
+        return [f"--results: not a folder, got {str(results)!r}"]
+    parent = next((p for p in (results, *results.parents) if p.exists()), Path("."))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return [f"--results: cannot write in {str(parent)!r}, got {str(results)!r}"]
+    return []
+
+
+def _run_locust(cmd: list[str], duration_s: float) -> int:
+    """locust's exit code. Ctrl-C or SIGTERM here is passed on as SIGINT, locust's own stop, and it
+    gets ``STOP_GRACE_S`` to write the verdict of what ran (marked interrupted); then it is killed.
+    Tied to this process: a ``migscale loadtest`` killed outright takes its locust with it."""
     try:
-        # locust's own hard stop is --run-time; the extra minute covers start-up and --stop-timeout
-        # tied to this process: a killed `migscale loadtest` takes its locust with it
-        rc = subprocess.call(tied_command(cmd), timeout=duration_s + 60)
-    except subprocess.TimeoutExpired:
-        typer.echo(f"migscale loadtest: locust did not exit within {duration_s + 60:.0f}s", err=True)
-        rc = 1
-    except KeyboardInterrupt:
-        rc = 130
+        # its own process group: a terminal's Ctrl-C reaches this process only, which passes on
+        # exactly one SIGINT (a second one would cut locust's own stop short)
+        proc = subprocess.Popen(tied_command(cmd), process_group=0)
     except FileNotFoundError:
         fail([f"locust: not found next to {sys.executable} or on PATH (pip install locust)"])
-    raise typer.Exit(rc)
+    stopping: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        stopping.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        # locust's own hard stop is --run-time; the extra minute covers start-up and --stop-timeout
+        deadline = time.monotonic() + duration_s + 60
+        while proc.poll() is None:
+            now = time.monotonic()
+            if stopping and deadline > now + STOP_GRACE_S:
+                deadline = now + STOP_GRACE_S  # its own stop, and no longer
+            if now >= deadline:
+                typer.echo("migscale loadtest: locust " + ("did not stop" if stopping else
+                           f"did not exit within {duration_s + 60:.0f}s") + "; killed, no verdict", err=True)
+                proc.kill()
+                proc.wait()
+                return 128 + stopping[0] if stopping else EXIT_TIMEOUT
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=min(deadline - now, 0.2))
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    # interrupted: the signal's code whatever the verdict of the part that ran (slo.json says which part)
+    return 128 + stopping[0] if stopping else proc.returncode
 
 
 def register(app: typer.Typer) -> None:

@@ -103,6 +103,44 @@ def test_http_run_counts_match_triton_and_generous_slo_passes(replica, tmp_path)
     assert (results / "report.html").stat().st_size > 1000
 
 
+def test_an_interrupted_run_is_judged_on_what_ran_marked_so_and_leaves_no_locust(replica, tmp_path):
+    import signal
+    import time
+
+    import psutil
+
+    models = write_models(tmp_path / "models.yaml", p99_ms=10_000)
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "slo.json").write_text('{"passed": true}\n')  # an earlier run's verdict
+    p = subprocess.Popen([MIGSCALE, "loadtest", str(models), "--base-rps", "20", "--duration", "60s",
+                          "--host", f"http://{replica.url_http}", "--results", str(results)],
+                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        locust = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the load has run a few seconds: locust's history has rows
+            hist = results / "locust_stats_history.csv"
+            if hist.exists() and len(hist.read_text().splitlines()) > 3:
+                locust = [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
+                break
+            time.sleep(0.2)
+        assert locust, "the load never started"
+        p.send_signal(signal.SIGINT)  # to migscale alone, as a terminal's Ctrl-C now reaches it
+        out, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, out[-3000:]
+    assert "interrupted" in out and "SLO verdict: FAIL" in out
+    doc = json.loads((results / "slo.json").read_text())
+    assert doc["interrupted"] is True and doc["passed"] is False and doc["planned_s"] == 60.0
+    assert 0 < doc["ran_s"] < 60 and doc["models"]["resnet"]["requests"] > 0
+    assert [(c["metric"], c["note"]) for c in doc["checks"] if not c["ok"]] == [("run_s", "interrupted")]
+    assert not [pid for pid in locust if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+
 def test_impossible_slo_exits_non_zero(replica, tmp_path):
     models = write_models(tmp_path / "models.yaml", p99_ms=0.001)
     results = tmp_path / "results"

@@ -195,3 +195,88 @@ def test_loadtest_refuses_a_host_where_nothing_listens(tmp_path):
     assert f"--host: nothing answers at 127.0.0.1:{port} (Connection refused), got 'http://127.0.0.1:{port}'" in res.output
     assert not (tmp_path / "out").exists()  # nothing started, nothing written
     assert "not HOST:PORT" in (host_problem("http://") or "")
+
+
+# ---------------------------------------------------------------- the recorder, nothing judged, bad options
+
+
+def test_the_recorder_never_reads_a_miss_as_a_pass_and_keeps_latency_to_a_tenth_of_a_percent():
+    from loadtests.slo import LatencyHistogram, SloRecorder
+
+    rec = SloRecorder([])
+    for _ in range(1000):  # locust's own percentile would read 154.9 ms as 150 and pass a 150 ms target
+        rec.on_request("infer-http", "resnet", 154.9, 10)
+    got = rec.results()["resnet"]
+    assert 154.9 <= got.p99_ms <= 154.9 * 1.001
+    assert not verdict(rec.results(), {"resnet": SloTarget(p99_ms=150)}).passed
+    h = LatencyHistogram()
+    values = [0.2 * i for i in range(1, 1001)]  # 0.2 .. 200 ms
+    for v in values:
+        h.add(v)
+    for q, true in ((0.5, 100.0), (0.95, 190.0), (0.99, 198.0)):
+        assert true <= h.percentile(q) <= true * 1.001, q
+    assert LatencyHistogram().percentile(0.99) is None
+
+
+def test_a_model_whose_every_request_failed_has_no_latency_to_pass():
+    from loadtests.slo import SloRecorder
+
+    rec = SloRecorder([])
+    for _ in range(20):
+        rec.on_request("infer-http", "bert", 3.0, 0, exception=RuntimeError("500"))
+    v = verdict(rec.results(), {"bert": SloTarget(p99_ms=200)})
+    assert [(c.metric, c.ok, c.note) for c in v.checks] == [
+        ("p99_ms", False, "no successful requests"), ("error_rate", False, "")]
+
+
+def test_nothing_judged_is_no_pass():
+    v = verdict({"m": r()}, {})
+    assert not v.passed and v.checks[0].note == "no model has a target to judge"
+
+
+def test_load_test_options_are_checked_against_the_models_they_name():
+    from loadtests.checks import option_problems
+
+    known = {"resnet", "bert"}
+    assert option_problems(known, models="resnet:3,bert:1", slo="bert:p99_ms=80", slo_models="resnet",
+                           slo_ignore="0-10", warmup_s=5, duration_s=60) == []
+    got = option_problems(known, models="resnt:1", slo="bert:max_error_rate=5;rnn:p99_ms=5", slo_models="resnt",
+                          user_rps=float("nan"), warmup_s=60, duration_s=60, trace_models={"gpt"})
+    assert got == [
+        "--slo: bert: max_error_rate is a fraction <= 1, got 5",
+        "--models: 'resnt' is not a model of MODELS (it has bert, resnet)",
+        "--slo: 'rnn' is not a model of MODELS (it has bert, resnet)",
+        "--slo-models: 'resnt' is not a model of MODELS (it has bert, resnet)",
+        "--shape-args path (the trace): 'gpt' is not a model of MODELS (it has bert, resnet)",
+        "--user-rps: must be a finite number > 0, got nan",
+        "--warmup: must be shorter than --duration (60s): every request would be excluded, got 60s",
+    ]
+    assert option_problems(known, models="resnet:0,bert:0") == [
+        "--models: at least one weight must be > 0, got 'resnet:0,bert:0'"]
+    assert option_problems(None, models="anything:1") == []  # no models.yaml: names are not checked
+
+
+def test_loadtest_refuses_what_would_judge_nothing_or_overwrite_before_touching_results(tmp_path):
+    import socket
+
+    from typer.testing import CliRunner
+
+    from autoscaler.cli import app
+
+    models = tmp_path / "models.yaml"
+    models.write_text("models:\n  - {name: resnet, model_dir: r, slo: {p99_ms: 50}}\n")
+    with socket.socket() as s:  # something listens: the host check passes
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        host = f"http://127.0.0.1:{s.getsockname()[1]}"
+        runner = CliRunner()
+        res = runner.invoke(app, ["loadtest", str(models), "--host", host, "--slo-models", "resnt",
+                                  "--results", str(tmp_path / "out")])
+        assert res.exit_code == 2 and "--slo-models: 'resnt' is not a model of MODELS (it has resnet)" in res.output
+        assert not (tmp_path / "out").exists()
+        (tmp_path / "notes.txt").write_text("mine")
+        res = runner.invoke(app, ["loadtest", str(models), "--host", host, "--results", str(tmp_path / "notes.txt")])
+        assert res.exit_code == 2 and f"--results: not a folder, got '{tmp_path / 'notes.txt'}'" in res.output
+        assert (tmp_path / "notes.txt").read_text() == "mine"
+        res = runner.invoke(app, ["loadtest", str(models), "--host", host, "--duration", "99999999999999d"])
+        assert res.exit_code == 2 and "--duration: must be at most 30d" in res.output
