@@ -25,9 +25,11 @@ which is why it is at import time here.
 from __future__ import annotations
 
 import math
+import signal
 import sys
 from typing import ClassVar
 
+import gevent
 from locust import LoadTestShape, events
 
 from loadtests import checks as checks_mod
@@ -76,6 +78,7 @@ class _Settings:
     users_max: int = 500
     ramp: float = 100.0
     warned_cap = False
+    stopping = False  # SIGINT/SIGTERM seen: the shape ends at its next tick
 
 
 def _fail(msg: str) -> None:
@@ -141,7 +144,18 @@ def _on_init(environment, **_kw) -> None:
     _Settings.users_max = o.users_max
     _Settings.ramp = o.ramp_users_per_s
     PACER.weights = dict(weights)
+    # Python's own SIGINT handler raises KeyboardInterrupt in whichever greenlet runs when it
+    # comes: in a user's (likely on a busy machine) locust's shape join never hears of it and
+    # the run goes on. Through gevent's handler the shape ends at its next tick, locust stops
+    # as at the end of a run, and the verdict judges what ran (marked interrupted). SIGTERM
+    # likewise: locust installs its own handler only after a shape run has ended.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        gevent.signal_handler(sig, _stop)
     slo_mod.install(environment, targets, windows, o.results_dir or None, planned_s=shape.duration_s)
+
+
+def _stop() -> None:
+    _Settings.stopping = True
 
 
 class TritonModelUser(TritonUser):
@@ -156,7 +170,7 @@ class ShapeDriver(LoadTestShape):
 
     def tick(self):
         shape = _Settings.shape
-        if shape is None:
+        if shape is None or _Settings.stopping:
             return None
         t = self.get_run_time()
         if t >= shape.duration_s:
