@@ -48,6 +48,9 @@ def loadtest(
     warmup: Annotated[str, typer.Option(help="ignore requests sent in the first WARMUP of the run")] = "0s",
     slo_ignore: Annotated[str, typer.Option(help="also ignore windows START-END,... seconds since start")] = "",
     run_dir: Annotated[Path, typer.Option(help="local cluster run dir (for the default host)")] = Path(".migscale"),
+    force: Annotated[
+        bool, typer.Option("--force", help="also replace a report.html, slo.json or locust CSV that loadtest did not write")
+    ] = False,
 ) -> None:
     """Drive Triton with a load shape and judge each model against its SLO.
 
@@ -104,7 +107,7 @@ def loadtest(
     problems += option_problems(known, models=models, slo=slo, slo_models=slo_models, slo_ignore=slo_ignore,
                                 user_rps=user_rps, warmup_s=warmup_s, duration_s=duration_s or None,
                                 trace_models=trace_models)
-    problems += _results_problems(results)
+    problems += _results_problems(results, force)
     if host is None:
         host = frontdoor_from_run_dir(run_dir)
         if host is None:
@@ -118,6 +121,7 @@ def loadtest(
         fail(problems)
     try:
         results.mkdir(parents=True, exist_ok=True)
+        (results / RESULTS_MARK).write_text("written by migscale loadtest: its files here may be replaced\n")
         # a verdict left from an earlier run must never stand for this one, which may end without one
         (results / "slo.json").unlink(missing_ok=True)
     except OSError as e:
@@ -137,9 +141,18 @@ EXIT_TIMEOUT = 124  # locust did not exit in time (as timeout(1)): no verdict, d
 STOP_GRACE_S = 15.0  # an interrupted locust's own stop: its users end, then the verdict of what ran is written
 
 
-def _results_problems(results: Path) -> list[str]:
+RESULTS_MARK = ".migscale-loadtest"
+RESULTS_FILES = ("report.html", "slo.json", "locust_stats.csv", "locust_stats_history.csv", "locust_failures.csv",
+                 "locust_exceptions.csv")
+
+
+def _results_problems(results: Path, force: bool) -> list[str]:
     if results.exists() and not results.is_dir():
         return [f"--results: not a folder, got {str(results)!r}"]
+    theirs = [f for f in RESULTS_FILES if (results / f).exists()] if results.is_dir() else []
+    if theirs and not force and not (results / RESULTS_MARK).exists():
+        why = f"holds {', '.join(theirs)}, which migscale loadtest did not write; give another folder or --force"
+        return [f"--results: {why}, got {str(results)!r}"]
     parent = next((p for p in (results, *results.parents) if p.exists()), Path("."))
     if not os.access(parent, os.W_OK | os.X_OK):
         return [f"--results: cannot write in {str(parent)!r}, got {str(results)!r}"]

@@ -112,7 +112,8 @@ def test_an_interrupted_run_is_judged_on_what_ran_marked_so_and_leaves_no_locust
     models = write_models(tmp_path / "models.yaml", p99_ms=10_000)
     results = tmp_path / "results"
     results.mkdir()
-    (results / "slo.json").write_text('{"passed": true}\n')  # an earlier run's verdict
+    (results / ".migscale-loadtest").write_text("")  # an earlier run's folder ...
+    (results / "slo.json").write_text('{"passed": true}\n')  # ... and its verdict
     p = subprocess.Popen([MIGSCALE, "loadtest", str(models), "--base-rps", "20", "--duration", "60s",
                           "--host", f"http://{replica.url_http}", "--results", str(results)],
                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

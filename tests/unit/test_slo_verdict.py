@@ -280,3 +280,19 @@ def test_loadtest_refuses_what_would_judge_nothing_or_overwrite_before_touching_
         assert (tmp_path / "notes.txt").read_text() == "mine"
         res = runner.invoke(app, ["loadtest", str(models), "--host", host, "--duration", "99999999999999d"])
         assert res.exit_code == 2 and "--duration: must be at most 30d" in res.output
+        # a folder holding a report loadtest did not write is refused, and its files kept ...
+        mine = tmp_path / "mine"
+        mine.mkdir()
+        (mine / "report.html").write_text("my report")
+        res = runner.invoke(app, ["loadtest", str(models), "--host", host, "--results", str(mine)])
+        assert res.exit_code == 2
+        assert (f"--results: holds report.html, which migscale loadtest did not write; give another folder or "
+                f"--force, got '{mine}'") in res.output
+        assert sorted(p.name for p in mine.iterdir()) == ["report.html"]
+        # ... unless --force, or the folder is one loadtest wrote (its mark); the bad duration stops both runs
+        for extra in (["--force"], []):
+            if not extra:
+                (mine / ".migscale-loadtest").write_text("")
+            res = runner.invoke(app, ["loadtest", str(models), "--host", host, "--results", str(mine),
+                                      "--duration", "0s", *extra])
+            assert res.exit_code == 2 and "--results" not in res.output and "--duration" in res.output
