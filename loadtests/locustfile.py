@@ -93,11 +93,12 @@ def _on_init(environment, **_kw) -> None:
     if o is None:  # used as a library (tests build an Environment themselves)
         return
     try:
+        declared = weights_from_file(o.models_yaml) if o.models_yaml else None  # every model, weight 1
         weights = parse_weights(o.models)
         if not weights and o.models_file:
             weights = weights_from_file(o.models_file)
-        if not weights and o.models_yaml:
-            weights = weights_from_file(o.models_yaml)
+        if not weights and declared:
+            weights = dict(declared)
         if not weights:
             _fail("models: name at least one model (--models resnet:3,bert:1 or --models-yaml), got none")
         dur = float(o.run_time) if o.run_time else (0.0 if o.shape == "trace" else 60.0)
@@ -117,7 +118,7 @@ def _on_init(environment, **_kw) -> None:
         _fail("; ".join(problems) if problems else f"{type(e).__name__}: {e}")
         return
     problems = checks_mod.option_problems(
-        set(weights_from_file(o.models_yaml)) if o.models_yaml else None,
+        set(declared) if declared is not None else None,
         models=o.models, slo=o.slo, slo_models=o.slo_models, slo_ignore=o.slo_ignore, user_rps=o.user_rps,
         warmup_s=o.slo_warmup_s, duration_s=shape.duration_s or None, max_error_rate=o.max_error_rate,
         trace_models=set(shape.points) if isinstance(shape, shapes_mod.TraceReplay) else None)

@@ -116,9 +116,13 @@ def verdict(
     results: Mapping[str, ModelResult],
     targets: Mapping[str, SloTarget],
     excluded_windows_s: Sequence[tuple[float, float]] = (),
+    ran_s: float | None = None,
+    planned_s: float | None = None,
 ) -> Verdict:
     """Check each model that has a target; models without a target are reported but not judged.
-    With no target at all the verdict fails: nothing was judged."""
+    With no target at all the verdict fails: nothing was judged. A run that stopped more than a
+    second before ``planned_s`` (Ctrl-C, SIGTERM) fails as interrupted: the part it never sent
+    (a spike) is no pass."""
     checks: list[Check] = []
     for model in sorted(targets):
         t = targets[model]
@@ -137,6 +141,8 @@ def verdict(
         checks.append(Check(model, "error_rate", t.max_error_rate, er, er is not None and er <= t.max_error_rate))
     if not checks:  # nothing judged is no pass
         checks.append(Check("-", "models", None, None, False, "no model has a target to judge"))
+    if ran_s is not None and planned_s is not None and ran_s < planned_s - 1.0:
+        checks.append(Check("-", "run_s", planned_s, ran_s, False, "interrupted"))
     return Verdict(passed=all(c.ok for c in checks), checks=checks, results=dict(results),
                    excluded_windows_s=list(excluded_windows_s))
 
@@ -307,10 +313,8 @@ class SloRecorder:
 
 def install(environment: Any, targets: Mapping[str, SloTarget], windows: Sequence[tuple[float, float]],
             results_dir: str | None, planned_s: float | None = None) -> SloRecorder:
-    """Hook the recorder into a locust Environment; the verdict is taken at ``quitting``.
-
-    A run that stopped more than a second before ``planned_s`` (Ctrl-C, SIGTERM) is judged
-    on what ran and fails as interrupted: the part it never sent (a spike) is no pass."""
+    """Hook the recorder into a locust Environment; the verdict is taken at ``quitting``, of what
+    ran against ``planned_s`` (``verdict``)."""
     rec = SloRecorder(windows)
     if results_dir:  # an earlier run's verdict must never stand for this one
         (Path(results_dir) / "slo.json").unlink(missing_ok=True)
@@ -331,11 +335,8 @@ def install(environment: Any, targets: Mapping[str, SloTarget], windows: Sequenc
             # locust run by hand as a plain load generator: no verdict, locust's own exit code
             print("SLO verdict: none (no targets: --models-yaml or --slo gives them)", flush=True)
             return
-        v = verdict(rec.results(), targets, windows)
-        interrupted = planned_s is not None and ran_s < planned_s - 1.0
-        if interrupted:
-            v.checks.append(Check("-", "run_s", planned_s, ran_s, False, "interrupted"))
-            v.passed = False
+        v = verdict(rec.results(), targets, windows, ran_s=ran_s, planned_s=planned_s)
+        interrupted = any(c.metric == "run_s" for c in v.checks)
         print(v.table(), flush=True)
         if results_dir:
             p = Path(results_dir)
